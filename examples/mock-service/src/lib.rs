@@ -1,0 +1,55 @@
+//! A small local service that stands in for the remotes Rewind's demo and tests call.
+//!
+//! It serves an OpenAI-compatible chat endpoint whose replies are a deterministic function
+//! of the request, a handful of deterministic tools, and a count of every call it received,
+//! per route and per `Idempotency-Key` header. The demo reads those counts to show that each
+//! durable external call reached its remote exactly once, even across a crash and replay.
+//!
+//! ```no_run
+//! # async fn demo() -> std::io::Result<()> {
+//! let mock = rewind_mock::MockService::start("127.0.0.1:0".parse().expect("addr")).await?;
+//! println!("chat endpoint: {}/v1/chat/completions", mock.base_url());
+//! // ... run the code under test against mock.base_url() ...
+//! let counts = mock.shutdown().await?;
+//! assert!(counts.repeated_keys.is_empty(), "some call ran twice");
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Routes (every `POST` below is counted; `GET`s and the reset are not):
+//!
+//! | route | what it answers |
+//! |---|---|
+//! | `POST /v1/chat/completions` | an OpenAI chat completion whose content is [`Intent::to_json`] of the last user message |
+//! | `POST /tools/orders.lookup` | `{"order_id","status","eta_days"}` derived from the order id |
+//! | `POST /tools/enrich.company` | `{"domain","name","industry","employees"}` derived from the domain |
+//! | `POST /tools/enrich.person` | `{"email","name","company","title"}` derived from the address |
+//! | `POST /tools/{name}` | `{"tool": name, "echo": <request body>}` |
+//! | `GET /counts` | the [`Counts`] as JSON |
+//! | `POST /counts/reset` | zeroes the counts; answers with the counts as they were |
+//! | `GET /healthz` | `ok` |
+//!
+//! A request body that is not JSON, or not the JSON a route expects, gets a `400` whose body
+//! is `{"error": "<what is wrong>", "code": "<stable code>"}` (see [`RequestError`]).
+
+mod chat;
+mod counts;
+mod error;
+mod fnv;
+mod intent;
+mod server;
+mod tools;
+
+pub use counts::{Counts, MockState};
+pub use error::RequestError;
+pub use intent::{Intent, IntentKind, classify, find_order_id};
+pub use server::{MockHandle, MockService, router};
+
+/// The request header whose value identifies one logical external call.
+///
+/// Calls are counted per distinct value of this header; a call without it is counted in
+/// [`Counts::without_key`].
+pub const IDEMPOTENCY_KEY_HEADER: &str = "idempotency-key";
+
+/// The `created` timestamp of every chat completion, fixed so that replies are reproducible.
+pub const CHAT_CREATED: u64 = 1_700_000_000;

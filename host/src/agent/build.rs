@@ -1,0 +1,219 @@
+//! Loading an agent: its components into the sandbox, its functions from their config.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use super::config::{AgentFile, FunctionConfig, FunctionKind};
+use super::{Action, Agent, DEFAULT_TENANT};
+use crate::durable::CallPolicy;
+use crate::functions::{
+    Clock, Function, Functions, HttpConfig, HttpFunction, OpenAiChatConfig, OpenAiChatFunction,
+    RandomFunction, RetryPolicy, SystemClock, TimeFunction,
+};
+use crate::sandbox::{self, Sandbox};
+use crate::store::{ActionStateStore, InMemoryStore};
+
+const DEFAULT_HTTP_TIMEOUT_MS: u64 = 10_000;
+const DEFAULT_CHAT_TIMEOUT_MS: u64 = 60_000;
+
+/// Why an agent could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("{agent}: action `{action}`: {source}")]
+    Component {
+        agent: String,
+        action: String,
+        source: sandbox::LoadError,
+    },
+    #[error("{agent}: function `{function}`: {message}")]
+    Function {
+        agent: String,
+        function: String,
+        message: String,
+    },
+    #[error("{agent}: {message}")]
+    Limits { agent: String, message: String },
+}
+
+/// Sets up an [`Agent`] from its file.
+#[derive(Debug)]
+pub struct AgentBuilder {
+    file: AgentFile,
+    sandbox: Arc<Sandbox>,
+    tenant: String,
+    store: Option<Arc<dyn ActionStateStore>>,
+    custom: BTreeMap<String, Arc<dyn Function>>,
+    clock: Arc<dyn Clock>,
+}
+
+impl AgentBuilder {
+    pub(super) fn new(file: AgentFile, sandbox: Arc<Sandbox>) -> Self {
+        Self {
+            file,
+            sandbox,
+            tenant: DEFAULT_TENANT.to_owned(),
+            store: None,
+            custom: BTreeMap::new(),
+            clock: Arc::new(SystemClock),
+        }
+    }
+
+    pub fn tenant(mut self, tenant: impl Into<String>) -> Self {
+        self.tenant = tenant.into();
+        self
+    }
+
+    /// The store calls are recorded in. Default: a new [`InMemoryStore`].
+    pub fn store(mut self, store: Arc<dyn ActionStateStore>) -> Self {
+        self.store = Some(store);
+        self
+    }
+
+    /// Provides the handler of a function declared with `kind = "custom"`, or declares a
+    /// function that `agent.toml` does not mention (callable by every action).
+    pub fn function(mut self, name: impl Into<String>, handler: Arc<dyn Function>) -> Self {
+        self.custom.insert(name.into(), handler);
+        self
+    }
+
+    /// The clock behind `kind = "time"` functions.
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// Compiles (or takes from the cache) and checks every component, and sets up every
+    /// function. Fails on the first thing that is wrong, naming it.
+    pub fn build(mut self) -> Result<Agent, LoadError> {
+        let config = &self.file.config;
+        let agent = config.name.clone();
+        if config.limits.memory_mib > self.sandbox.max_memory_mib() {
+            return Err(LoadError::Limits {
+                agent,
+                message: format!(
+                    "limits.memory-mib is {} but this host allows at most {}",
+                    config.limits.memory_mib,
+                    self.sandbox.max_memory_mib()
+                ),
+            });
+        }
+        let mut actions = Vec::with_capacity(config.actions.len());
+        for action in &config.actions {
+            let path = self.file.component_path(action);
+            let component =
+                self.sandbox
+                    .load_file(&path)
+                    .map_err(|source| LoadError::Component {
+                        agent: agent.clone(),
+                        action: action.name.clone(),
+                        source,
+                    })?;
+            actions.push(Action {
+                name: action.name.clone(),
+                on: action.on.clone(),
+                component,
+            });
+        }
+
+        let mut functions = Functions::new();
+        let mut divergence_by_function = BTreeMap::new();
+        for (name, function) in &config.functions {
+            let fail = |message: String| LoadError::Function {
+                agent: agent.clone(),
+                function: name.clone(),
+                message,
+            };
+            let handler: Arc<dyn Function> = match function.kind {
+                FunctionKind::Custom => self.custom.remove(name).ok_or_else(|| {
+                    fail(
+                        "declared with kind \"custom\" but this host registers no handler for it"
+                            .to_owned(),
+                    )
+                })?,
+                _ => build_function(function, &self.clock).map_err(fail)?,
+            };
+            functions.register(name.clone(), handler, function.actions.clone());
+            if let Some(policy) = function.divergence {
+                divergence_by_function.insert(name.clone(), policy);
+            }
+        }
+        for (name, handler) in std::mem::take(&mut self.custom) {
+            functions.register(name, handler, None);
+        }
+
+        Ok(Agent {
+            tenant: self.tenant,
+            name: agent,
+            actions,
+            functions: Arc::new(functions),
+            policy: Arc::new(CallPolicy {
+                divergence: config.divergence,
+                divergence_by_function,
+                calls_per_run: config.limits.calls_per_run,
+            }),
+            limits: config.limits,
+            parallelism: config.parallelism,
+            sandbox: self.sandbox,
+            store: self
+                .store
+                .unwrap_or_else(|| Arc::new(InMemoryStore::default())),
+            memory: Mutex::new(Default::default()),
+        })
+    }
+}
+
+fn build_function(
+    config: &FunctionConfig,
+    clock: &Arc<dyn Clock>,
+) -> Result<Arc<dyn Function>, String> {
+    let http = |url: String, default_timeout: u64| -> Result<HttpConfig, String> {
+        let mut headers: Vec<(String, String)> = config
+            .headers
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        for (header, var) in &config.secret_headers {
+            let value = std::env::var(var).map_err(|_| {
+                format!(
+                    "secret header `{header}` reads environment variable `{var}`, which is not set"
+                )
+            })?;
+            headers.push((header.clone(), value));
+        }
+        let mut retry = RetryPolicy::default();
+        if let Some(retries) = config.retries {
+            retry.retries = retries;
+        }
+        Ok(HttpConfig {
+            url,
+            timeout: Duration::from_millis(config.timeout_ms.unwrap_or(default_timeout)),
+            retry,
+            headers,
+        })
+    };
+    Ok(match config.kind {
+        FunctionKind::Http => {
+            let url = config.url.clone().unwrap_or_default();
+            Arc::new(HttpFunction::new(http(url, DEFAULT_HTTP_TIMEOUT_MS)?))
+        }
+        FunctionKind::OpenaiChat => {
+            let mut http = http(String::new(), DEFAULT_CHAT_TIMEOUT_MS)?;
+            if let Some(var) = &config.api_key_env {
+                let key = std::env::var(var).map_err(|_| {
+                    format!("`api-key-env` names environment variable `{var}`, which is not set")
+                })?;
+                http.headers
+                    .push(("authorization".to_owned(), format!("Bearer {key}")));
+            }
+            Arc::new(OpenAiChatFunction::new(OpenAiChatConfig {
+                base_url: config.base_url.clone().unwrap_or_default(),
+                model: config.model.clone().unwrap_or_default(),
+                http,
+            }))
+        }
+        FunctionKind::Time => Arc::new(TimeFunction::new(Arc::clone(clock))),
+        FunctionKind::Random => Arc::new(RandomFunction),
+        FunctionKind::Custom => unreachable!("custom functions come from the builder"),
+    })
+}

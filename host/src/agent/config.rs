@@ -1,0 +1,315 @@
+//! `agent.toml`: an agent's actions, functions and limits.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use crate::durable::DivergencePolicy;
+use crate::sandbox::Limits;
+
+/// Keys processed at once, unless `parallelism` says otherwise.
+pub const DEFAULT_PARALLELISM: usize = 8;
+
+/// An agent as declared in `agent.toml`. Keys are kebab-case; unknown keys are errors.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct AgentConfig {
+    pub name: String,
+    /// Keys processed at once (inputs of one key are always one at a time). Default 8.
+    #[serde(default = "default_parallelism")]
+    pub parallelism: usize,
+    /// What a replay does when an action makes a different call than the one recorded.
+    /// Default `truncate`.
+    #[serde(default)]
+    pub divergence: DivergencePolicy,
+    #[serde(default)]
+    pub limits: Limits,
+    #[serde(default)]
+    pub actions: Vec<ActionConfig>,
+    #[serde(default)]
+    pub functions: BTreeMap<String, FunctionConfig>,
+}
+
+fn default_parallelism() -> usize {
+    DEFAULT_PARALLELISM
+}
+
+/// One `[[actions]]` entry.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct ActionConfig {
+    pub name: String,
+    /// Path of the component, relative to `agent.toml`.
+    pub component: PathBuf,
+    /// Event kinds that trigger it.
+    pub on: Vec<String>,
+}
+
+/// What a function is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FunctionKind {
+    Http,
+    OpenaiChat,
+    Time,
+    Random,
+    /// Provided by the embedding program through the Rust API.
+    Custom,
+}
+
+/// One `[functions."name"]` entry. Which keys apply depends on `kind`.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct FunctionConfig {
+    pub kind: FunctionKind,
+    /// `http`: where to POST.
+    pub url: Option<String>,
+    /// `openai-chat`: e.g. `https://api.openai.com/v1`.
+    pub base_url: Option<String>,
+    /// `openai-chat`: the model to ask.
+    pub model: Option<String>,
+    /// `openai-chat`: environment variable holding the API key.
+    pub api_key_env: Option<String>,
+    /// `http`, `openai-chat`: per attempt. Default 10,000 (60,000 for `openai-chat`).
+    pub timeout_ms: Option<u64>,
+    /// `http`, `openai-chat`: attempts after the first, on transport errors and 5xx. Default 3.
+    pub retries: Option<u32>,
+    /// `http`, `openai-chat`: headers sent with every request.
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    /// `http`, `openai-chat`: header name to the environment variable holding its value.
+    #[serde(default)]
+    pub secret_headers: BTreeMap<String, String>,
+    /// Actions allowed to call it; every action when absent.
+    pub actions: Option<Vec<String>>,
+    /// Overrides the agent's `divergence` for calls of this function.
+    pub divergence: Option<DivergencePolicy>,
+}
+
+/// Why an agent could not be loaded. Names the file and what is wrong in it.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("{path}: {message}")]
+    Invalid { path: PathBuf, message: String },
+}
+
+/// A parsed `agent.toml` and the directory its relative paths start from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AgentFile {
+    pub path: PathBuf,
+    pub config: AgentConfig,
+}
+
+impl AgentFile {
+    /// Reads and validates `path`.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Self::parse(path, &text)
+    }
+
+    /// Parses and validates `text` as if read from `path`.
+    pub fn parse(path: &Path, text: &str) -> Result<Self, ConfigError> {
+        let config: AgentConfig = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: path.to_owned(),
+            message: e.to_string().trim_end().to_owned(),
+        })?;
+        config.validate().map_err(|message| ConfigError::Invalid {
+            path: path.to_owned(),
+            message,
+        })?;
+        Ok(Self {
+            path: path.to_owned(),
+            config,
+        })
+    }
+
+    /// Where the component of `action` is.
+    pub fn component_path(&self, action: &ActionConfig) -> PathBuf {
+        let base = self.path.parent().unwrap_or_else(|| Path::new("."));
+        base.join(&action.component)
+    }
+}
+
+impl AgentConfig {
+    fn validate(&self) -> Result<(), String> {
+        if self.name.trim().is_empty() {
+            return Err("`name` is empty".to_owned());
+        }
+        if self.parallelism == 0 {
+            return Err("`parallelism` must be at least 1".to_owned());
+        }
+        if self.actions.is_empty() {
+            return Err("no `[[actions]]`: an agent needs at least one action".to_owned());
+        }
+        let mut names = std::collections::BTreeSet::new();
+        for action in &self.actions {
+            if !names.insert(action.name.as_str()) {
+                return Err(format!("action `{}` is declared twice", action.name));
+            }
+            if action.on.is_empty() {
+                return Err(format!(
+                    "action `{}`: `on` is empty, so nothing would trigger it",
+                    action.name
+                ));
+            }
+            if action
+                .on
+                .iter()
+                .any(|kind| kind == crate::event::OUTPUT_KIND)
+            {
+                return Err(format!(
+                    "action `{}`: `on` lists \"output\", but output events leave the agent",
+                    action.name
+                ));
+            }
+        }
+        for (name, function) in &self.functions {
+            function
+                .validate()
+                .map_err(|message| format!("function `{name}`: {message}"))?;
+            for action in function.actions.iter().flatten() {
+                if !names.contains(action.as_str()) {
+                    return Err(format!(
+                        "function `{name}`: `actions` names `{action}`, which is not an action of this agent"
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl FunctionConfig {
+    fn validate(&self) -> Result<(), String> {
+        let given = [
+            ("url", self.url.is_some()),
+            ("base-url", self.base_url.is_some()),
+            ("model", self.model.is_some()),
+            ("api-key-env", self.api_key_env.is_some()),
+            ("timeout-ms", self.timeout_ms.is_some()),
+            ("retries", self.retries.is_some()),
+            ("headers", !self.headers.is_empty()),
+            ("secret-headers", !self.secret_headers.is_empty()),
+        ];
+        let (required, allowed): (&[&str], &[&str]) = match self.kind {
+            FunctionKind::Http => (
+                &["url"],
+                &["url", "timeout-ms", "retries", "headers", "secret-headers"],
+            ),
+            FunctionKind::OpenaiChat => (
+                &["base-url", "model"],
+                &[
+                    "base-url",
+                    "model",
+                    "api-key-env",
+                    "timeout-ms",
+                    "retries",
+                    "headers",
+                    "secret-headers",
+                ],
+            ),
+            FunctionKind::Time | FunctionKind::Random | FunctionKind::Custom => (&[], &[]),
+        };
+        for (key, present) in given {
+            if present && !allowed.contains(&key) {
+                return Err(format!(
+                    "`{key}` does not apply to kind `{}`",
+                    self.kind_name()
+                ));
+            }
+        }
+        for key in required {
+            if !given.iter().any(|(k, present)| k == key && *present) {
+                return Err(format!("kind `{}` needs `{key}`", self.kind_name()));
+            }
+        }
+        for url in [&self.url, &self.base_url].into_iter().flatten() {
+            if !(url.starts_with("http://") || url.starts_with("https://")) {
+                return Err(format!("`{url}` is not an http:// or https:// URL"));
+            }
+        }
+        Ok(())
+    }
+
+    pub fn kind_name(&self) -> &'static str {
+        match self.kind {
+            FunctionKind::Http => "http",
+            FunctionKind::OpenaiChat => "openai-chat",
+            FunctionKind::Time => "time",
+            FunctionKind::Random => "random",
+            FunctionKind::Custom => "custom",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<AgentFile, ConfigError> {
+        AgentFile::parse(Path::new("agent.toml"), text)
+    }
+
+    const MINIMAL: &str = r#"
+name = "a"
+[[actions]]
+name = "x"
+component = "x.wasm"
+on = ["input"]
+"#;
+
+    #[test]
+    fn minimal_agent_gets_documented_defaults() {
+        let file = parse(MINIMAL).expect("valid");
+        assert_eq!(file.config.parallelism, DEFAULT_PARALLELISM);
+        assert_eq!(file.config.divergence, DivergencePolicy::Truncate);
+        assert_eq!(file.config.limits, Limits::default());
+    }
+
+    #[test]
+    fn unknown_key_is_named() {
+        let err = parse(&format!("{MINIMAL}\n[limits]\nmemory-mb = 3\n")).expect_err("unknown");
+        let message = err.to_string();
+        assert!(message.contains("memory-mb"), "{message}");
+        assert!(message.contains("agent.toml"), "{message}");
+    }
+
+    #[test]
+    fn function_key_of_another_kind_is_refused() {
+        let err = parse(&format!(
+            "{MINIMAL}\n[functions.f]\nkind = \"http\"\nurl = \"http://127.0.0.1:1/\"\nmodel = \"m\"\n"
+        ))
+        .expect_err("model is not for http");
+        assert!(
+            err.to_string()
+                .contains("`model` does not apply to kind `http`"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn unknown_function_kind_is_named() {
+        let err = parse(&format!("{MINIMAL}\n[functions.f]\nkind = \"ftp\"\n")).expect_err("kind");
+        assert!(err.to_string().contains("ftp"), "{err}");
+    }
+
+    #[test]
+    fn grant_to_missing_action_is_refused() {
+        let err = parse(&format!(
+            "{MINIMAL}\n[functions.t]\nkind = \"time\"\nactions = [\"nope\"]\n"
+        ))
+        .expect_err("no such action");
+        assert!(err.to_string().contains("`nope`"), "{err}");
+    }
+}

@@ -1,0 +1,273 @@
+//! An agent: its actions loaded into the sandbox, its functions, and the path of one input
+//! through them (DESIGN.md, "One input's path").
+
+mod build;
+mod config;
+pub mod input;
+pub mod output;
+mod scheduler;
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+
+pub use build::{AgentBuilder, LoadError};
+pub use config::{
+    ActionConfig, AgentConfig, AgentFile, ConfigError, DEFAULT_PARALLELISM, FunctionConfig,
+    FunctionKind,
+};
+pub use output::JsonlSink;
+pub use scheduler::{Progress, Summary, run_inputs};
+
+use crate::durable::digest::{input_trigger, sent_trigger};
+use crate::durable::{CallPolicy, CallStats, DurableCalls};
+use crate::event::{Event, INPUT_KIND, Input, OUTPUT_KIND, Output, OutputId};
+use crate::functions::Functions;
+use crate::sandbox::{ActionComponent, Limits, RunError, RunInput, RunLabels, Sandbox};
+use crate::store::{ActionState, ActionStateStore, Completion, Digest, KeyScope, StateKey};
+
+/// Events one input may route through its agent's actions before it is stopped (a guard
+/// against actions that trigger each other without end).
+pub const MAX_EVENTS_PER_INPUT: usize = 1000;
+
+/// The tenant of agents run outside a server.
+pub const DEFAULT_TENANT: &str = "default";
+
+/// An action of a loaded agent.
+#[derive(Debug)]
+struct Action {
+    name: String,
+    on: Vec<String>,
+    component: ActionComponent,
+}
+
+/// A loaded agent, ready to process inputs.
+#[derive(Debug)]
+pub struct Agent {
+    tenant: String,
+    name: String,
+    actions: Vec<Action>,
+    functions: Arc<Functions>,
+    policy: Arc<CallPolicy>,
+    limits: Limits,
+    parallelism: usize,
+    sandbox: Arc<Sandbox>,
+    store: Arc<dyn ActionStateStore>,
+    /// Each key's short-term memory.
+    memory: Mutex<HashMap<String, Arc<BTreeMap<String, String>>>>,
+}
+
+/// What processing one input did.
+#[derive(Debug, Default)]
+pub struct InputReport {
+    pub outputs: Vec<Output>,
+    /// Action runs (sandboxes started).
+    pub runs: u64,
+    /// Completed actions whose recorded events and memory writes were re-applied instead.
+    pub reapplied: u64,
+    pub calls: CallStats,
+    /// Why the input did not complete.
+    pub error: Option<InputError>,
+}
+
+/// Why an input did not complete. Its action states stay in the store, so processing the
+/// input again replays the calls that were recorded.
+#[derive(Debug, thiserror::Error)]
+pub enum InputError {
+    #[error("{key} #{sequence}: action `{action}`: {error}")]
+    Run {
+        key: String,
+        sequence: u64,
+        action: String,
+        error: RunError,
+    },
+    #[error(
+        "{key} #{sequence}: more than {MAX_EVENTS_PER_INPUT} events; do the actions trigger each other without end?"
+    )]
+    TooManyEvents { key: String, sequence: u64 },
+}
+
+impl Agent {
+    pub fn builder(file: AgentFile, sandbox: Arc<Sandbox>) -> AgentBuilder {
+        AgentBuilder::new(file, sandbox)
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn tenant(&self) -> &str {
+        &self.tenant
+    }
+
+    pub fn parallelism(&self) -> usize {
+        self.parallelism
+    }
+
+    pub fn store(&self) -> &Arc<dyn ActionStateStore> {
+        &self.store
+    }
+
+    pub fn functions(&self) -> &Functions {
+        &self.functions
+    }
+
+    /// The short-term memory of `key` as it is now.
+    pub fn memory(&self, key: &str) -> Arc<BTreeMap<String, String>> {
+        self.lock_memory().get(key).cloned().unwrap_or_default()
+    }
+
+    fn lock_memory(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<String, Arc<BTreeMap<String, String>>>> {
+        self.memory
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn scope(&self, key: &str) -> KeyScope {
+        KeyScope::new(&self.tenant, &self.name, key)
+    }
+
+    /// Processes one input to completion: runs the actions its event triggers, then the
+    /// actions their events trigger, and collects the outputs.
+    ///
+    /// Callers keep inputs of one key in order and one at a time.
+    pub async fn process(&self, input: &Input) -> InputReport {
+        let mut report = InputReport::default();
+        let scope = self.scope(&input.key);
+        let mut queue: VecDeque<(Event, Digest)> = VecDeque::new();
+        queue.push_back((Event::new(INPUT_KIND, &input.payload), input_trigger()));
+        let mut events = 0;
+        while let Some((event, trigger)) = queue.pop_front() {
+            events += 1;
+            if events > MAX_EVENTS_PER_INPUT {
+                report.error = Some(InputError::TooManyEvents {
+                    key: input.key.clone(),
+                    sequence: input.sequence,
+                });
+                return report;
+            }
+            let mut routed = false;
+            for action in self.actions.iter().filter(|a| a.on.contains(&event.kind)) {
+                routed = true;
+                let key = StateKey {
+                    scope: scope.clone(),
+                    sequence: input.sequence,
+                    action: action.name.clone(),
+                    trigger,
+                };
+                let completed = match self.store.get(&key) {
+                    Some(state) if state.is_completed() => {
+                        report.reapplied += 1;
+                        state
+                    }
+                    found => {
+                        let state =
+                            found.unwrap_or_else(|| ActionState::new(key.clone(), event.clone()));
+                        report.runs += 1;
+                        match self
+                            .run_action(action, input, &event, state, &mut report)
+                            .await
+                        {
+                            Ok(state) => state,
+                            Err(error) => {
+                                report.error = Some(InputError::Run {
+                                    key: input.key.clone(),
+                                    sequence: input.sequence,
+                                    action: action.name.clone(),
+                                    error,
+                                });
+                                return report;
+                            }
+                        }
+                    }
+                };
+                self.apply(input, &completed, &mut queue, &mut report.outputs);
+            }
+            if !routed {
+                tracing::warn!(agent = %self.name, key = %input.key, sequence = input.sequence,
+                    kind = %event.kind, "no action is triggered by events of this kind; dropped");
+            }
+        }
+        report
+    }
+
+    async fn run_action(
+        &self,
+        action: &Action,
+        input: &Input,
+        event: &Event,
+        state: ActionState,
+        report: &mut InputReport,
+    ) -> Result<ActionState, RunError> {
+        let durable = DurableCalls::new(
+            Arc::clone(&self.store),
+            Arc::clone(&self.functions),
+            Arc::clone(&self.policy),
+            state,
+        );
+        let run = RunInput {
+            labels: RunLabels {
+                agent: self.name.clone(),
+                key: input.key.clone(),
+                sequence: input.sequence,
+                action: action.name.clone(),
+            },
+            event: event.clone(),
+            memory: self.memory(&input.key),
+            durable,
+            limits: self.limits,
+        };
+        let output = self.sandbox.run(&action.component, run).await;
+        if let Some(durable) = &output.durable {
+            report.calls += durable.stats();
+        }
+        output.result?;
+        let Some(durable) = output.durable else {
+            unreachable!("a run that completed keeps its store");
+        };
+        durable
+            .complete(Completion {
+                sent: output.sent,
+                memory: output.memory,
+            })
+            .await
+            .map_err(RunError::Fault)
+    }
+
+    /// Applies a completed action: its memory writes, its outputs, and the events it sent.
+    fn apply(
+        &self,
+        input: &Input,
+        state: &ActionState,
+        queue: &mut VecDeque<(Event, Digest)>,
+        outputs: &mut Vec<Output>,
+    ) {
+        let Some(completion) = &state.completion else {
+            return;
+        };
+        if !completion.memory.is_empty() {
+            let mut memory = self.lock_memory();
+            let map = Arc::make_mut(memory.entry(input.key.clone()).or_default());
+            for write in &completion.memory {
+                map.insert(write.name.clone(), write.value.clone());
+            }
+        }
+        for (index, event) in completion.sent.iter().enumerate() {
+            if event.kind == OUTPUT_KIND {
+                outputs.push(Output {
+                    id: OutputId {
+                        tenant: self.tenant.clone(),
+                        agent: self.name.clone(),
+                        key: input.key.clone(),
+                        sequence: input.sequence,
+                        index: u32::try_from(outputs.len()).unwrap_or(u32::MAX),
+                    },
+                    payload: event.payload.clone(),
+                });
+            } else {
+                queue.push_back((event.clone(), sent_trigger(&state.key, index)));
+            }
+        }
+    }
+}

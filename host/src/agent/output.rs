@@ -1,0 +1,72 @@
+//! The JSONL output sink: one line per output, replayed duplicates dropped by id.
+
+use std::collections::HashSet;
+use std::io::Write;
+
+use serde::Serialize;
+
+use crate::event::{Output, OutputId};
+
+#[derive(Serialize)]
+struct Line<'a> {
+    id: String,
+    tenant: &'a str,
+    agent: &'a str,
+    key: &'a str,
+    sequence: u64,
+    index: u32,
+    payload: &'a serde_json::value::RawValue,
+}
+
+/// Writes outputs as JSON Lines; an output whose id it has written before is dropped.
+#[derive(Debug)]
+pub struct JsonlSink<W: Write> {
+    writer: W,
+    seen: HashSet<OutputId>,
+}
+
+impl<W: Write> JsonlSink<W> {
+    pub fn new(writer: W) -> Self {
+        Self {
+            writer,
+            seen: HashSet::new(),
+        }
+    }
+
+    /// Writes `output` unless its id was written before; returns whether it wrote.
+    pub fn write(&mut self, output: &Output) -> std::io::Result<bool> {
+        if !self.seen.insert(output.id.clone()) {
+            return Ok(false);
+        }
+        let null = serde_json::value::RawValue::NULL;
+        let payload: Box<serde_json::value::RawValue>;
+        let payload_ref =
+            match serde_json::from_str::<Box<serde_json::value::RawValue>>(&output.payload) {
+                Ok(raw) => {
+                    payload = raw;
+                    &*payload
+                }
+                Err(_) => null,
+            };
+        let line = Line {
+            id: output.id.to_string(),
+            tenant: &output.id.tenant,
+            agent: &output.id.agent,
+            key: &output.id.key,
+            sequence: output.id.sequence,
+            index: output.id.index,
+            payload: payload_ref,
+        };
+        serde_json::to_writer(&mut self.writer, &line)?;
+        self.writer.write_all(b"\n")?;
+        Ok(true)
+    }
+
+    pub fn flush(&mut self) -> std::io::Result<()> {
+        self.writer.flush()
+    }
+
+    pub fn into_inner(self) -> W {
+        self.writer
+    }
+}

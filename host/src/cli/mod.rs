@@ -1,0 +1,67 @@
+//! The command line.
+
+mod check;
+mod inspect;
+mod run;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "rewind",
+    version,
+    about = "Run agent actions as sandboxed WebAssembly components whose external calls are durable"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+    /// More logging (-v: debug, -vv: trace). RUST_LOG overrides.
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    pub verbose: u8,
+    /// Where compiled components are cached (default: $REWIND_CACHE_DIR, else ~/.cache/rewind).
+    #[arg(long, global = true)]
+    cache_dir: Option<PathBuf>,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run an agent over a JSONL file of inputs.
+    Run(run::RunArgs),
+    /// Check whether a component fits the rewind:action world.
+    Check(check::CheckArgs),
+    /// Show what runs recorded: per key, the actions and their calls.
+    Inspect(inspect::InspectArgs),
+}
+
+pub fn init_tracing(verbose: u8) {
+    let default = match verbose {
+        0 => "warn,rewind=info",
+        1 => "debug",
+        _ => "trace",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+pub async fn main(cli: Cli) -> anyhow::Result<ExitCode> {
+    let sandbox = || {
+        let mut builder = rewind_host::sandbox::Sandbox::builder();
+        if let Some(dir) = &cli.cache_dir {
+            builder = builder.cache_dir(Some(dir.clone()));
+        }
+        builder.build()
+    };
+    match cli.command {
+        Command::Run(args) => run::run(args, sandbox()?).await,
+        Command::Check(args) => check::check(args, sandbox()?),
+        Command::Inspect(args) => inspect::inspect(args),
+    }
+}

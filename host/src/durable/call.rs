@@ -1,0 +1,284 @@
+//! One action run's durable calls: hit, miss, divergence.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use super::digest::{args_digest, idempotency_key};
+use crate::functions::{CallRequest, FunctionError, Functions};
+use crate::store::{
+    ActionState, ActionStateStore, CallOutcome, CallRecord, Completion, Digest, StoreError,
+};
+
+/// What to do when a replayed run makes a different call than the one recorded at its index.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DivergencePolicy {
+    /// Drop the records from that index on, persist that, run live, and warn.
+    #[default]
+    Truncate,
+    /// Fail the run with an error naming both calls.
+    Fail,
+}
+
+/// How an agent's durable calls behave.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CallPolicy {
+    pub divergence: DivergencePolicy,
+    /// Overrides of `divergence`, by the name of the function being called.
+    pub divergence_by_function: BTreeMap<String, DivergencePolicy>,
+    /// Durable calls one run may make, replayed ones included.
+    pub calls_per_run: u32,
+}
+
+impl CallPolicy {
+    fn divergence_for(&self, function: &str) -> DivergencePolicy {
+        self.divergence_by_function
+            .get(function)
+            .copied()
+            .unwrap_or(self.divergence)
+    }
+}
+
+/// Why a durable call returned no value, as the guest sees it.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum CallError {
+    /// The function ran and failed. Recorded, and returned again on replay.
+    #[error("failed: {0}")]
+    Failed(String),
+    /// The caller may not use this function now. Not recorded.
+    #[error("denied: {0}")]
+    Denied(String),
+    /// No function of that name is declared for this agent. Not recorded.
+    #[error("unknown function: {0}")]
+    UnknownFunction(String),
+}
+
+/// A durable call that ends the run. Nothing about it is recorded.
+#[derive(Debug, thiserror::Error)]
+pub enum Fault {
+    #[error(
+        "divergence at call {index}: the record holds `{recorded_function}` (args digest \
+         {recorded_args}) but the action now calls `{function}` (args digest {args}); the \
+         action's code or input changed since the call was recorded (policy `fail`)"
+    )]
+    Divergence {
+        index: usize,
+        recorded_function: String,
+        recorded_args: String,
+        function: String,
+        args: String,
+    },
+    #[error("limit exceeded: calls-per-run ({limit})")]
+    CallLimit { limit: u32 },
+    #[error("durable call `{function}`: args are not valid JSON: {message}")]
+    InvalidArgs { function: String, message: String },
+    #[error("durable call `{function}` (idempotency key {idempotency_key}): {message}")]
+    Unavailable {
+        function: String,
+        idempotency_key: String,
+        message: String,
+    },
+    #[error("recording a durable call: {0}")]
+    Store(#[from] StoreError),
+}
+
+/// Counts of what one run's calls did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CallStats {
+    /// Calls whose function ran.
+    pub live: u64,
+    /// Calls answered from a record.
+    pub replayed: u64,
+    /// Records dropped because the run diverged from them.
+    pub truncated: u64,
+}
+
+impl std::ops::AddAssign for CallStats {
+    fn add_assign(&mut self, other: Self) {
+        self.live += other.live;
+        self.replayed += other.replayed;
+        self.truncated += other.truncated;
+    }
+}
+
+/// The durable calls of one action run, over that run's action state.
+#[derive(Debug)]
+pub struct DurableCalls {
+    store: Arc<dyn ActionStateStore>,
+    functions: Arc<Functions>,
+    policy: Arc<CallPolicy>,
+    state: ActionState,
+    /// Index of the next recorded call.
+    next: usize,
+    /// Calls made so far, counted against `calls_per_run`.
+    made: u32,
+    stats: CallStats,
+}
+
+impl DurableCalls {
+    /// Starts a run over `state`: the state found in the store, or a new one.
+    pub fn new(
+        store: Arc<dyn ActionStateStore>,
+        functions: Arc<Functions>,
+        policy: Arc<CallPolicy>,
+        state: ActionState,
+    ) -> Self {
+        Self {
+            store,
+            functions,
+            policy,
+            state,
+            next: 0,
+            made: 0,
+            stats: CallStats::default(),
+        }
+    }
+
+    pub fn state(&self) -> &ActionState {
+        &self.state
+    }
+
+    pub fn stats(&self) -> CallStats {
+        self.stats
+    }
+
+    /// Makes the durable call `function(args)`.
+    ///
+    /// `Ok(Ok(json))` and `Ok(Err(CallError::Failed))` are recorded (and durable) before this
+    /// returns; `Denied` and `UnknownFunction` are not recorded and do not take an index.
+    pub async fn call(
+        &mut self,
+        function: &str,
+        args: &str,
+    ) -> Result<Result<String, CallError>, Fault> {
+        if self.made >= self.policy.calls_per_run {
+            return Err(Fault::CallLimit {
+                limit: self.policy.calls_per_run,
+            });
+        }
+        self.made += 1;
+        let digest = args_digest(args).map_err(|e| Fault::InvalidArgs {
+            function: function.to_owned(),
+            message: e.to_string(),
+        })?;
+        let index = self.next;
+
+        if let Some(record) = self.state.calls.get(index) {
+            if record.function == function && record.args_digest == digest {
+                match &record.outcome {
+                    CallOutcome::Succeeded(result) => {
+                        self.next += 1;
+                        self.stats.replayed += 1;
+                        return Ok(Ok(result.clone()));
+                    }
+                    CallOutcome::Failed(error) => {
+                        self.next += 1;
+                        self.stats.replayed += 1;
+                        return Ok(Err(CallError::Failed(error.clone())));
+                    }
+                    // The call may or may not have run; under the default in-doubt policy
+                    // it runs again with the same idempotency key.
+                    CallOutcome::Pending => {}
+                }
+            } else {
+                self.diverge(index, record.clone(), function, digest)
+                    .await?;
+            }
+        }
+
+        let Some(declared) = self.functions.get(function) else {
+            return Ok(Err(CallError::UnknownFunction(format!(
+                "no function `{function}` is declared for agent `{}`",
+                self.state.key.scope.agent
+            ))));
+        };
+        if !declared.grants(&self.state.key.action) {
+            return Ok(Err(CallError::Denied(format!(
+                "action `{}` may not call `{function}`",
+                self.state.key.action
+            ))));
+        }
+
+        let key = idempotency_key(&self.state.key, index);
+        let request = CallRequest {
+            function,
+            args,
+            idempotency_key: &key,
+        };
+        let outcome = match declared.handler.call(request).await {
+            Ok(result) => CallOutcome::Succeeded(result),
+            Err(FunctionError::Failed(error)) => CallOutcome::Failed(error),
+            Err(FunctionError::Unavailable(message)) => {
+                return Err(Fault::Unavailable {
+                    function: function.to_owned(),
+                    idempotency_key: key,
+                    message,
+                });
+            }
+        };
+        let record = CallRecord {
+            function: function.to_owned(),
+            args_digest: digest,
+            idempotency_key: key,
+            outcome: outcome.clone(),
+        };
+        self.state.calls.truncate(index);
+        self.state.calls.push(record);
+        self.state.version = self.store.put(self.state.clone()).await?;
+        self.next += 1;
+        self.stats.live += 1;
+        Ok(match outcome {
+            CallOutcome::Succeeded(result) => Ok(result),
+            CallOutcome::Failed(error) => Err(CallError::Failed(error)),
+            CallOutcome::Pending => unreachable!("a finished call is never pending"),
+        })
+    }
+
+    async fn diverge(
+        &mut self,
+        index: usize,
+        recorded: CallRecord,
+        function: &str,
+        digest: Digest,
+    ) -> Result<(), Fault> {
+        match self.policy.divergence_for(function) {
+            DivergencePolicy::Fail => Err(Fault::Divergence {
+                index,
+                recorded_function: recorded.function,
+                recorded_args: recorded.args_digest.short(),
+                function: function.to_owned(),
+                args: digest.short(),
+            }),
+            DivergencePolicy::Truncate => {
+                let dropped = self.state.calls.len() - index;
+                tracing::warn!(
+                    state = %self.state.key,
+                    index,
+                    recorded = %recorded.function,
+                    recorded_args = %recorded.args_digest.short(),
+                    called = %function,
+                    called_args = %digest.short(),
+                    dropped,
+                    "divergence: the action now calls `{function}` where `{}` was recorded; \
+                     dropping {dropped} record(s) from call {index} on and running live",
+                    recorded.function,
+                );
+                self.state.calls.truncate(index);
+                self.state.version = self.store.put(self.state.clone()).await?;
+                self.stats.truncated += dropped as u64;
+                Ok(())
+            }
+        }
+    }
+
+    /// Records that the run completed, with what it sent and wrote; returns the final state.
+    pub async fn complete(mut self, completion: Completion) -> Result<ActionState, Fault> {
+        // Records past the last call this run made belong to an older version of the run.
+        self.state.calls.truncate(self.next);
+        self.state.completion = Some(completion);
+        self.state.version = self.store.put(self.state.clone()).await?;
+        Ok(self.state)
+    }
+}

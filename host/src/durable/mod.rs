@@ -1,0 +1,9 @@
+//! Durable calls: every call out of the sandbox is recorded before the guest sees its
+//! result, and served from that record when the run is replayed.
+//!
+//! DESIGN.md, "The durable call", is the contract this module implements.
+
+mod call;
+pub mod digest;
+
+pub use call::{CallError, CallPolicy, CallStats, DivergencePolicy, DurableCalls, Fault};

@@ -1,0 +1,205 @@
+//! `kind = "http"`: POSTs the call's args as JSON to a URL and returns the JSON body.
+
+use std::fmt;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use reqwest::StatusCode;
+
+use super::{CallRequest, Function, FunctionError};
+
+/// Retries on transport errors and 5xx answers, with exponential backoff.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RetryPolicy {
+    /// Attempts after the first.
+    pub retries: u32,
+    pub initial_backoff: Duration,
+    pub max_backoff: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        Self {
+            retries: 3,
+            initial_backoff: Duration::from_millis(100),
+            max_backoff: Duration::from_secs(2),
+        }
+    }
+}
+
+impl RetryPolicy {
+    fn backoff(&self, attempt: u32) -> Duration {
+        let factor = 2u32.saturating_pow(attempt);
+        self.initial_backoff
+            .saturating_mul(factor)
+            .min(self.max_backoff)
+    }
+}
+
+/// How an [`HttpFunction`] reaches its endpoint.
+#[derive(Clone)]
+pub struct HttpConfig {
+    pub url: String,
+    /// Per attempt.
+    pub timeout: Duration,
+    pub retry: RetryPolicy,
+    /// Sent with every request. Values may be secrets: they never reach a guest and are not
+    /// printed by `Debug`.
+    pub headers: Vec<(String, String)>,
+}
+
+impl fmt::Debug for HttpConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let names: Vec<&str> = self.headers.iter().map(|(n, _)| n.as_str()).collect();
+        f.debug_struct("HttpConfig")
+            .field("url", &self.url)
+            .field("timeout", &self.timeout)
+            .field("retry", &self.retry)
+            .field("headers", &names)
+            .finish()
+    }
+}
+
+/// An HTTP answer that ended the retries: any status that is not 5xx, or the last 5xx.
+#[derive(Debug)]
+pub(super) struct Answer {
+    pub status: StatusCode,
+    pub body: String,
+}
+
+/// The part shared by every function that speaks JSON over HTTP.
+#[derive(Clone, Debug)]
+pub(super) struct JsonPoster {
+    client: reqwest::Client,
+    config: HttpConfig,
+}
+
+impl JsonPoster {
+    pub fn new(config: HttpConfig) -> Self {
+        Self {
+            client: reqwest::Client::new(),
+            config,
+        }
+    }
+
+    pub fn url(&self) -> &str {
+        &self.config.url
+    }
+
+    /// POSTs `body` with the idempotency key, retrying transport errors and 5xx.
+    pub async fn post(&self, body: String, idempotency_key: &str) -> Result<Answer, FunctionError> {
+        let retry = self.config.retry;
+        let mut attempt = 0;
+        loop {
+            let mut request = self
+                .client
+                .post(&self.config.url)
+                .timeout(self.config.timeout)
+                .header("content-type", "application/json")
+                .header("idempotency-key", idempotency_key)
+                .body(body.clone());
+            for (name, value) in &self.config.headers {
+                request = request.header(name, value);
+            }
+            let outcome = match request.send().await {
+                Ok(response) => {
+                    let status = response.status();
+                    match response.text().await {
+                        Ok(body) => Ok(Answer { status, body }),
+                        Err(e) => Err(describe(&e)),
+                    }
+                }
+                Err(e) => Err(describe(&e)),
+            };
+            let retryable = match &outcome {
+                Ok(answer) => answer.status.is_server_error(),
+                Err(_) => true,
+            };
+            if retryable && attempt < retry.retries {
+                tracing::debug!(url = %self.config.url, attempt, "retrying after {:?}", outcome);
+                tokio::time::sleep(retry.backoff(attempt)).await;
+                attempt += 1;
+                continue;
+            }
+            return outcome.map_err(|e| {
+                FunctionError::Unavailable(format!(
+                    "POST {} failed after {} attempts: {e}",
+                    self.config.url,
+                    attempt + 1
+                ))
+            });
+        }
+    }
+}
+
+fn describe(error: &reqwest::Error) -> String {
+    use std::error::Error as _;
+    let mut message = if error.is_timeout() {
+        "timed out".to_owned()
+    } else if error.is_connect() {
+        "could not connect".to_owned()
+    } else {
+        error.to_string()
+    };
+    let mut source = error.source();
+    while let Some(cause) = source {
+        message.push_str(": ");
+        message.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    message
+}
+
+/// Turns an answer into a result: 2xx with a JSON body is a result; anything else is a
+/// recorded failure carrying the status and the body.
+pub(super) fn json_result(url: &str, answer: Answer) -> Result<serde_json::Value, FunctionError> {
+    let body: Option<serde_json::Value> = serde_json::from_str(&answer.body).ok();
+    if !answer.status.is_success() {
+        let body = body.unwrap_or(serde_json::Value::String(answer.body));
+        return Err(FunctionError::Failed(
+            serde_json::json!({ "status": answer.status.as_u16(), "body": body }).to_string(),
+        ));
+    }
+    if answer.body.trim().is_empty() {
+        return Ok(serde_json::Value::Null);
+    }
+    body.ok_or_else(|| {
+        FunctionError::Failed(
+            serde_json::json!({
+                "status": answer.status.as_u16(),
+                "error": format!("{url} answered with a body that is not JSON"),
+                "body": answer.body,
+            })
+            .to_string(),
+        )
+    })
+}
+
+/// POSTs the args to a URL; the JSON body of a 2xx answer is the result.
+#[derive(Clone, Debug)]
+pub struct HttpFunction {
+    poster: JsonPoster,
+}
+
+impl HttpFunction {
+    pub fn new(config: HttpConfig) -> Self {
+        Self {
+            poster: JsonPoster::new(config),
+        }
+    }
+}
+
+#[async_trait]
+impl Function for HttpFunction {
+    async fn call(&self, request: CallRequest<'_>) -> Result<String, FunctionError> {
+        let answer = self
+            .poster
+            .post(request.args.to_owned(), request.idempotency_key)
+            .await?;
+        json_result(self.poster.url(), answer).map(|value| value.to_string())
+    }
+
+    fn endpoint(&self) -> Option<&str> {
+        Some(self.poster.url())
+    }
+}

@@ -1,0 +1,108 @@
+//! Functions: what a durable call reaches.
+//!
+//! An agent declares its functions in `agent.toml`; each becomes a [`Function`] in the
+//! agent's [`Functions`]. Embedders add their own with [`Functions::register`].
+
+mod builtin;
+mod http;
+mod openai;
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+
+pub use builtin::{Clock, RandomFunction, SystemClock, TimeFunction};
+pub use http::{HttpConfig, HttpFunction, RetryPolicy};
+pub use openai::{OpenAiChatConfig, OpenAiChatFunction};
+
+/// One call of a function, as its handler sees it.
+#[derive(Clone, Copy, Debug)]
+pub struct CallRequest<'a> {
+    /// The name the agent declared the function under.
+    pub function: &'a str,
+    /// JSON text.
+    pub args: &'a str,
+    /// Stable across replays of the same call: pass it to the remote side so that it can
+    /// drop a repeat (`Idempotency-Key` for HTTP).
+    pub idempotency_key: &'a str,
+}
+
+/// Why a function returned no result.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum FunctionError {
+    /// The function ran and failed. Recorded, and returned again on replay.
+    #[error("{0}")]
+    Failed(String),
+    /// The function could not be reached; nobody knows whether it ran. Not recorded: the
+    /// run fails, and running the input again calls it again with the same idempotency key.
+    #[error("unavailable: {0}")]
+    Unavailable(String),
+}
+
+/// The handler behind a declared function.
+#[async_trait]
+pub trait Function: Send + Sync + fmt::Debug {
+    /// Runs one call. Returns the JSON text of the result.
+    async fn call(&self, request: CallRequest<'_>) -> Result<String, FunctionError>;
+
+    /// Where the function reaches out to, if anywhere (checked before a run starts).
+    fn endpoint(&self) -> Option<&str> {
+        None
+    }
+}
+
+/// A declared function with its grant.
+#[derive(Clone, Debug)]
+pub struct Declared {
+    pub handler: Arc<dyn Function>,
+    /// Actions allowed to call it; `None` means every action of the agent.
+    pub actions: Option<Vec<String>>,
+}
+
+impl Declared {
+    /// Whether `action` may call this function.
+    pub fn grants(&self, action: &str) -> bool {
+        self.actions
+            .as_ref()
+            .is_none_or(|actions| actions.iter().any(|a| a == action))
+    }
+}
+
+/// The functions one agent may call, by name.
+#[derive(Clone, Debug, Default)]
+pub struct Functions {
+    declared: BTreeMap<String, Declared>,
+}
+
+impl Functions {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Declares `name`, callable by every action unless `actions` restricts it. A later
+    /// registration under the same name replaces the earlier one.
+    pub fn register(
+        &mut self,
+        name: impl Into<String>,
+        handler: Arc<dyn Function>,
+        actions: Option<Vec<String>>,
+    ) -> &mut Self {
+        self.declared
+            .insert(name.into(), Declared { handler, actions });
+        self
+    }
+
+    pub fn get(&self, name: &str) -> Option<&Declared> {
+        self.declared.get(name)
+    }
+
+    pub fn contains(&self, name: &str) -> bool {
+        self.declared.contains_key(name)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &Declared)> {
+        self.declared.iter().map(|(k, v)| (k.as_str(), v))
+    }
+}

@@ -1,0 +1,18 @@
+//! Rewind runs agent actions as sandboxed WebAssembly components whose external calls are
+//! durable: each call's result is recorded before the action sees it, and served from the
+//! record when the action runs again.
+//!
+//! The modules, from the outside in (each uses only those below it):
+//! - [`agent`]: an agent's actions and functions, and the path of an input through them;
+//! - [`sandbox`]: compiling, checking and running components, with limits;
+//! - [`durable`]: the durable call (hit, miss, divergence), over a store and functions;
+//! - [`functions`]: what a durable call reaches (HTTP, chat, time, random, custom);
+//! - [`store`]: action states, the store trait and its in-memory implementation;
+//! - [`event`]: events, inputs and outputs.
+
+pub mod agent;
+pub mod durable;
+pub mod event;
+pub mod functions;
+pub mod sandbox;
+pub mod store;

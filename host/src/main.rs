@@ -1,0 +1,27 @@
+//! `rewind`: run agents over input files, check components, inspect what runs recorded.
+
+mod cli;
+
+use clap::Parser;
+
+fn main() -> std::process::ExitCode {
+    let args = cli::Cli::parse();
+    cli::init_tracing(args.verbose);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(cli::main(args)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

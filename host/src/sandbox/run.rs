@@ -1,0 +1,211 @@
+//! One action run: a fresh store from a pre-instantiated component, with its limits.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use wasmtime::component::HasSelf;
+use wasmtime::{Engine, Store, Trap};
+use wasmtime_wasi::{WasiCtxView, WasiView};
+
+use super::bindings::ActionPre;
+use super::bindings::rewind::action::types;
+use super::limits::{Limit, Limits, MemoryCeiling};
+use super::wasi::GuestWasi;
+use crate::durable::{DurableCalls, Fault};
+use crate::event::Event;
+use crate::store::MemoryWrite;
+
+/// Fuel a guest may burn between yields to the async executor, so that a CPU-bound guest
+/// cannot hold a worker thread past its timeout.
+const FUEL_PER_YIELD: u64 = 10_000_000;
+
+/// Who is running: attached to every log line of the run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RunLabels {
+    pub agent: String,
+    pub key: String,
+    pub sequence: u64,
+    pub action: String,
+}
+
+/// Everything a run starts from.
+#[derive(Debug)]
+pub struct RunInput {
+    pub labels: RunLabels,
+    pub event: Event,
+    /// The key's short-term memory as the run starts.
+    pub memory: Arc<BTreeMap<String, String>>,
+    pub durable: DurableCalls,
+    pub limits: Limits,
+}
+
+/// What a run left behind, whether or not it completed.
+#[derive(Debug)]
+pub struct RunOutput {
+    pub result: Result<(), RunError>,
+    /// The run's calls, to complete the action state with. `None` when the run was stopped
+    /// at its timeout and its store dropped.
+    pub durable: Option<DurableCalls>,
+    pub sent: Vec<Event>,
+    pub memory: Vec<MemoryWrite>,
+}
+
+/// Why a run did not complete.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// The action returned an error.
+    #[error("the action returned an error: {0}")]
+    Failed(String),
+    #[error("limit exceeded: {0}")]
+    Limit(Limit),
+    #[error("the action trapped: {0}")]
+    Trap(String),
+    #[error(transparent)]
+    Fault(Fault),
+    #[error("the component could not be instantiated: {0}")]
+    Instantiate(String),
+}
+
+/// The data of one run's store: the guest's view of the host.
+#[derive(Debug)]
+pub(crate) struct RunState {
+    wasi: GuestWasi,
+    ceiling: MemoryCeiling,
+    pub(super) labels: RunLabels,
+    pub(super) durable: DurableCalls,
+    /// Why a host import ended the run, kept to report it as itself rather than as a trap.
+    pub(super) fault: Option<Fault>,
+    pub(super) memory: Arc<BTreeMap<String, String>>,
+    pub(super) writes: Vec<MemoryWrite>,
+    pub(super) sent: Vec<Event>,
+}
+
+impl WasiView for RunState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.wasi.ctx,
+            table: &mut self.wasi.table,
+        }
+    }
+}
+
+pub(super) fn add_to_linker(
+    linker: &mut wasmtime::component::Linker<RunState>,
+) -> wasmtime::Result<()> {
+    wasmtime_wasi::p2::add_to_linker_async(linker)?;
+    super::bindings::Action::add_to_linker::<_, HasSelf<RunState>>(linker, |state| state)
+}
+
+pub(super) async fn run(engine: &Engine, pre: &ActionPre<RunState>, input: RunInput) -> RunOutput {
+    let RunInput {
+        labels,
+        event,
+        memory,
+        durable,
+        limits,
+    } = input;
+    let mut store = Store::new(
+        engine,
+        RunState {
+            wasi: GuestWasi::new(),
+            ceiling: MemoryCeiling::new(limits.memory_bytes()),
+            labels,
+            durable,
+            fault: None,
+            memory,
+            writes: Vec::new(),
+            sent: Vec::new(),
+        },
+    );
+    store.limiter(|state| &mut state.ceiling);
+    if let Err(e) = store
+        .set_fuel(limits.fuel)
+        .and_then(|()| store.fuel_async_yield_interval(Some(FUEL_PER_YIELD)))
+    {
+        return RunOutput {
+            result: Err(RunError::Instantiate(format!("{e:#}"))),
+            durable: Some(store.into_data().durable),
+            sent: Vec::new(),
+            memory: Vec::new(),
+        };
+    }
+
+    let guest_event = types::Event {
+        kind: event.kind,
+        payload: event.payload,
+    };
+    let outcome = tokio::time::timeout(limits.timeout(), async {
+        let action = match pre.instantiate_async(&mut store).await {
+            Ok(action) => action,
+            Err(e) => return Err((e, true)),
+        };
+        action
+            .call_run(&mut store, &guest_event)
+            .await
+            .map_err(|e| (e, false))
+    })
+    .await;
+
+    let result = match outcome {
+        Err(_elapsed) => {
+            let labels = &store.data().labels;
+            tracing::warn!(agent = %labels.agent, key = %labels.key, sequence = labels.sequence,
+                action = %labels.action, "run stopped at its timeout");
+            Err(RunError::Limit(Limit::Timeout {
+                ms: limits.timeout_ms,
+            }))
+        }
+        Ok(Ok(Ok(()))) => Ok(()),
+        Ok(Ok(Err(message))) => Err(RunError::Failed(message)),
+        Ok(Err((error, instantiating))) => {
+            Err(classify(store.data_mut(), &limits, &error, instantiating))
+        }
+    };
+    let state = store.into_data();
+    log_output(&state);
+    RunOutput {
+        result,
+        durable: Some(state.durable),
+        sent: state.sent,
+        memory: state.writes,
+    }
+}
+
+fn classify(
+    state: &mut RunState,
+    limits: &Limits,
+    error: &wasmtime::Error,
+    instantiating: bool,
+) -> RunError {
+    if let Some(fault) = state.fault.take() {
+        return match fault {
+            Fault::CallLimit { limit } => RunError::Limit(Limit::CallsPerRun { calls: limit }),
+            fault => RunError::Fault(fault),
+        };
+    }
+    if error.downcast_ref::<Trap>() == Some(&Trap::OutOfFuel) {
+        return RunError::Limit(Limit::Fuel { fuel: limits.fuel });
+    }
+    if state.ceiling.hit {
+        return RunError::Limit(Limit::Memory {
+            mib: limits.memory_mib,
+        });
+    }
+    if instantiating {
+        return RunError::Instantiate(format!("{error:#}"));
+    }
+    RunError::Trap(format!("{error:?}"))
+}
+
+fn log_output(state: &RunState) {
+    let labels = &state.labels;
+    for (stream, bytes) in [
+        ("stdout", state.wasi.stdout.contents()),
+        ("stderr", state.wasi.stderr.contents()),
+    ] {
+        for line in String::from_utf8_lossy(&bytes).lines() {
+            tracing::info!(target: "rewind::guest", agent = %labels.agent, key = %labels.key,
+                sequence = labels.sequence, action = %labels.action, stream, "{line}");
+        }
+    }
+}

@@ -1,0 +1,199 @@
+//! The in-memory reference store: the cache in front of an in-memory partitioned log.
+//!
+//! Nothing survives the process; it is the model the durable stores are tested against and
+//! the store of a one-off `rewind run` without a state directory.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use async_trait::async_trait;
+
+use super::{ActionState, ActionStateStore, KeyScope, Marker, StateKey, StoreError, Version};
+
+/// Partitions an [`InMemoryStore`] has unless told otherwise.
+pub const DEFAULT_PARTITIONS: u32 = 4;
+
+#[derive(Debug)]
+struct Cached {
+    state: ActionState,
+    /// Offset of this state's newest write in its partition.
+    offset: u64,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    /// The "log": every write ever made, per partition; offset = index.
+    partitions: Vec<Vec<ActionState>>,
+    cache: BTreeMap<StateKey, Cached>,
+}
+
+/// An [`ActionStateStore`] whose log lives in memory. Markers use the `offsets` strategy:
+/// per partition, the offset of the oldest newest-write among cached states.
+#[derive(Debug)]
+pub struct InMemoryStore {
+    inner: Mutex<Inner>,
+    next_version: AtomicU64,
+}
+
+impl Default for InMemoryStore {
+    fn default() -> Self {
+        Self::new(DEFAULT_PARTITIONS)
+    }
+}
+
+impl InMemoryStore {
+    pub fn new(partitions: u32) -> Self {
+        let partitions = (0..partitions.max(1)).map(|_| Vec::new()).collect();
+        Self {
+            inner: Mutex::new(Inner {
+                partitions,
+                cache: BTreeMap::new(),
+            }),
+            next_version: AtomicU64::new(1),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        // A panic while holding the lock leaves only whole writes behind: keep going.
+        self.inner
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Every cached state, in key order.
+    pub fn snapshot(&self) -> Vec<ActionState> {
+        self.lock()
+            .cache
+            .values()
+            .map(|c| c.state.clone())
+            .collect()
+    }
+
+    /// Writes `states` as if each were `put`, in order (to load a snapshot).
+    pub fn restore(&self, states: Vec<ActionState>) {
+        for state in states {
+            let version = self.next_version.fetch_add(1, Ordering::Relaxed);
+            let mut inner = self.lock();
+            let partition = state.key.scope.partition(partition_count(&inner)) as usize;
+            let log = &mut inner.partitions[partition];
+            let offset = offset_of(log.len());
+            let state = ActionState { version, ..state };
+            log.push(state.clone());
+            inner
+                .cache
+                .insert(state.key.clone(), Cached { state, offset });
+        }
+    }
+
+    /// Number of records in the log, over all partitions (for tests and inspection).
+    pub fn log_len(&self) -> usize {
+        self.lock().partitions.iter().map(Vec::len).sum()
+    }
+}
+
+fn partition_count(inner: &Inner) -> u32 {
+    u32::try_from(inner.partitions.len()).unwrap_or(u32::MAX)
+}
+
+fn offset_of(len: usize) -> u64 {
+    len as u64
+}
+
+#[async_trait]
+impl ActionStateStore for InMemoryStore {
+    async fn put(&self, mut state: ActionState) -> Result<Version, StoreError> {
+        let version = self.next_version.fetch_add(1, Ordering::Relaxed);
+        state.version = version;
+        let mut inner = self.lock();
+        let partition = state.key.scope.partition(partition_count(&inner)) as usize;
+        let log = &mut inner.partitions[partition];
+        let offset = offset_of(log.len());
+        log.push(state.clone());
+        inner
+            .cache
+            .insert(state.key.clone(), Cached { state, offset });
+        Ok(version)
+    }
+
+    fn get(&self, key: &StateKey) -> Option<ActionState> {
+        self.lock().cache.get(key).map(|c| c.state.clone())
+    }
+
+    fn states(&self, scope: &KeyScope) -> Vec<ActionState> {
+        self.lock()
+            .cache
+            .iter()
+            .filter(|(key, _)| &key.scope == scope)
+            .map(|(_, c)| c.state.clone())
+            .collect()
+    }
+
+    fn scopes(&self) -> Vec<KeyScope> {
+        let inner = self.lock();
+        let mut scopes: Vec<KeyScope> = inner.cache.keys().map(|k| k.scope.clone()).collect();
+        scopes.dedup();
+        scopes
+    }
+
+    async fn prune(&self, scope: &KeyScope, up_to: u64) -> Result<(), StoreError> {
+        self.lock()
+            .cache
+            .retain(|key, _| !(&key.scope == scope && key.sequence <= up_to));
+        Ok(())
+    }
+
+    async fn marker(&self) -> Result<Marker, StoreError> {
+        let inner = self.lock();
+        let count = partition_count(&inner);
+        let mut offsets: Vec<u64> = inner
+            .partitions
+            .iter()
+            .map(|log| offset_of(log.len()))
+            .collect();
+        for cached in inner.cache.values() {
+            let partition = cached.state.key.scope.partition(count) as usize;
+            offsets[partition] = offsets[partition].min(cached.offset);
+        }
+        Ok(Marker { offsets })
+    }
+
+    async fn rebuild(&self, marker: &Marker) -> Result<(), StoreError> {
+        let mut inner = self.lock();
+        if marker.offsets.len() != inner.partitions.len() {
+            return Err(StoreError::PartitionCountChanged {
+                marker: marker.offsets.len(),
+                log: inner.partitions.len(),
+            });
+        }
+        let mut newest: HashMap<StateKey, Cached> = HashMap::new();
+        for (partition, (log, &from)) in inner.partitions.iter().zip(&marker.offsets).enumerate() {
+            let end = offset_of(log.len());
+            if from > end {
+                return Err(StoreError::MarkerOutOfRange {
+                    partition: u32::try_from(partition).unwrap_or(u32::MAX),
+                    offset: from,
+                    start: 0,
+                    end,
+                });
+            }
+            let start = usize::try_from(from).unwrap_or(usize::MAX);
+            for (offset, state) in log.iter().enumerate().skip(start) {
+                let keep = newest
+                    .get(&state.key)
+                    .is_none_or(|seen| seen.state.version < state.version);
+                if keep {
+                    newest.insert(
+                        state.key.clone(),
+                        Cached {
+                            state: state.clone(),
+                            offset: offset_of(offset),
+                        },
+                    );
+                }
+            }
+        }
+        inner.cache = newest.into_iter().collect();
+        Ok(())
+    }
+}

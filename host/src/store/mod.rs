@@ -1,0 +1,100 @@
+//! The action-state store: where durable calls are recorded and found again.
+//!
+//! A store keeps every unpruned [`ActionState`] in a cache and writes through to a durable
+//! log: a write is acknowledged by the log before the cache changes. Checkpoints ask it for
+//! a [`Marker`]; recovery rebuilds the cache from one. See DESIGN.md, "The store and its
+//! markers".
+
+mod memory;
+mod state;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+
+pub use memory::InMemoryStore;
+pub use state::{
+    ActionState, CallOutcome, CallRecord, Completion, Digest, KeyScope, MemoryWrite, StateKey,
+    Version,
+};
+
+/// Where recovery starts reading the log: one offset per partition.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Marker {
+    pub offsets: Vec<u64>,
+}
+
+/// Why a store operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error(
+        "the marker has {marker} partitions but the log has {log}: the partition count changed \
+         since the checkpoint was taken; start with the partition count the checkpoint was taken \
+         with, or with an empty state directory"
+    )]
+    PartitionCountChanged { marker: usize, log: usize },
+    #[error(
+        "partition {partition}: the marker needs offset {offset}, but the log holds only \
+         [{start}, {end}); the data recovery needs is gone (retention deleted it, or the log was \
+         replaced); restore the log or start from an older checkpoint"
+    )]
+    MarkerOutOfRange {
+        partition: u32,
+        offset: u64,
+        start: u64,
+        end: u64,
+    },
+    #[error("the log refused the write of {key}: {message}")]
+    Write { key: String, message: String },
+    #[error("store backend: {0}")]
+    Backend(String),
+}
+
+/// A cached action-state store over a durable log.
+///
+/// Callers never write the same [`StateKey`] from two places at once: one input per key is
+/// in flight, and an action state belongs to one run. Different keys are written concurrently.
+#[async_trait]
+pub trait ActionStateStore: Send + Sync + std::fmt::Debug {
+    /// Makes `state` the newest version of the state at `state.key`, and returns the version
+    /// the store gave it (greater than every version it gave before; `state.version` is
+    /// ignored).
+    ///
+    /// When this returns `Ok`, the write is durable in the log and [`get`](Self::get) returns
+    /// it. On `Err` the cache is unchanged; the write may still have reached the log (an
+    /// acknowledgement can be lost), which is harmless because a later write of the same key
+    /// carries a higher version.
+    async fn put(&self, state: ActionState) -> Result<Version, StoreError>;
+
+    /// The newest version of the state at `key`, from the cache; `None` when there is none
+    /// or it was pruned. Never reads the log.
+    fn get(&self, key: &StateKey) -> Option<ActionState>;
+
+    /// Every cached state of `scope`, ordered by sequence, then action, then trigger.
+    fn states(&self, scope: &KeyScope) -> Vec<ActionState>;
+
+    /// Every scope that has at least one cached state, in order.
+    fn scopes(&self) -> Vec<KeyScope>;
+
+    /// Drops from the cache every state of `scope` whose sequence is at most `up_to`.
+    ///
+    /// Called when a completed checkpoint covers those inputs. Log data is not deleted (that
+    /// is retention's job), so a rebuild from an older marker can bring pruned states back;
+    /// recovery prunes again with the checkpoint's sequences.
+    async fn prune(&self, scope: &KeyScope, up_to: u64) -> Result<(), StoreError>;
+
+    /// A marker from which [`rebuild`](Self::rebuild) restores every state cached when this
+    /// call began, at its newest version.
+    ///
+    /// Writes that run concurrently with this call are restored too if they were
+    /// acknowledged before it returned. On `Err`, the cache is unchanged and any previous
+    /// marker stays valid.
+    async fn marker(&self) -> Result<Marker, StoreError>;
+
+    /// Replaces the cache with the states the log holds from `marker` to its end, keeping the
+    /// highest version of each.
+    ///
+    /// Fails without changing the cache when the marker does not fit the log: another
+    /// partition count ([`StoreError::PartitionCountChanged`]) or an offset the log no longer
+    /// holds ([`StoreError::MarkerOutOfRange`]).
+    async fn rebuild(&self, marker: &Marker) -> Result<(), StoreError>;
+}

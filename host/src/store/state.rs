@@ -1,0 +1,188 @@
+//! What the store holds: action states, addressed by structured keys.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest as _, Sha256};
+
+use crate::event::Event;
+
+/// A SHA-256 digest, shown as hex.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Digest(#[serde(with = "hex::serde")] pub [u8; 32]);
+
+impl Digest {
+    /// The digest of `parts`, each length-prefixed so that ("ab", "c") and ("a", "bc") differ.
+    pub fn of(parts: &[&[u8]]) -> Self {
+        let mut hasher = Sha256::new();
+        for part in parts {
+            hasher.update((part.len() as u64).to_le_bytes());
+            hasher.update(part);
+        }
+        Self(hasher.finalize().into())
+    }
+
+    /// The first 12 hex digits: enough to tell digests apart in messages.
+    pub fn short(&self) -> String {
+        hex::encode(&self.0[..6])
+    }
+}
+
+impl fmt::Debug for Digest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Digest({})", self.short())
+    }
+}
+
+impl fmt::Display for Digest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&hex::encode(self.0))
+    }
+}
+
+/// The inputs of one key of one agent of one tenant: the unit of ordering and of partitioning.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct KeyScope {
+    pub tenant: String,
+    pub agent: String,
+    pub key: String,
+}
+
+impl KeyScope {
+    pub fn new(
+        tenant: impl Into<String>,
+        agent: impl Into<String>,
+        key: impl Into<String>,
+    ) -> Self {
+        Self {
+            tenant: tenant.into(),
+            agent: agent.into(),
+            key: key.into(),
+        }
+    }
+
+    /// The log partition this scope's states live in, out of `partitions` (at least 1).
+    /// Stable across processes and versions: it is a hash of the scope, not of memory layout.
+    pub fn partition(&self, partitions: u32) -> u32 {
+        let digest = Digest::of(&[
+            self.tenant.as_bytes(),
+            self.agent.as_bytes(),
+            self.key.as_bytes(),
+        ]);
+        let mut head = [0u8; 8];
+        head.copy_from_slice(&digest.0[..8]);
+        let bucket = u64::from_le_bytes(head) % u64::from(partitions.max(1));
+        u32::try_from(bucket).unwrap_or(0)
+    }
+}
+
+impl fmt::Display for KeyScope {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}/{}", self.tenant, self.agent, self.key)
+    }
+}
+
+/// Addresses one action state: one action's run for one trigger of one input.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct StateKey {
+    pub scope: KeyScope,
+    pub sequence: u64,
+    pub action: String,
+    /// Where the triggering event came from (the input itself, or the n-th event a given
+    /// action state sent). Two triggers of the same action within one input differ here.
+    pub trigger: Digest,
+}
+
+impl fmt::Display for StateKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}#{} {} (trigger {})",
+            self.scope,
+            self.sequence,
+            self.action,
+            self.trigger.short()
+        )
+    }
+}
+
+/// Grows with every write to a store; on rebuild the highest version of a state wins.
+pub type Version = u64;
+
+/// The record of one action's run for one trigger.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ActionState {
+    pub key: StateKey,
+    pub trigger: Event,
+    /// The run's durable calls; the call at index i is `calls[i]`.
+    pub calls: Vec<CallRecord>,
+    /// Present once the run completed.
+    pub completion: Option<Completion>,
+    /// Assigned by the store on every write.
+    pub version: Version,
+}
+
+impl ActionState {
+    pub fn new(key: StateKey, trigger: Event) -> Self {
+        Self {
+            key,
+            trigger,
+            calls: Vec::new(),
+            completion: None,
+            version: 0,
+        }
+    }
+
+    pub fn is_completed(&self) -> bool {
+        self.completion.is_some()
+    }
+}
+
+/// One durable call.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CallRecord {
+    pub function: String,
+    /// Digest of the canonical JSON of the call's args.
+    pub args_digest: Digest,
+    /// Sent to the function's remote side so that it can drop a repeat.
+    pub idempotency_key: String,
+    pub outcome: CallOutcome,
+}
+
+/// What became of a durable call.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", tag = "status", content = "value")]
+pub enum CallOutcome {
+    /// Persisted before the call ran; no result yet (an in-doubt call if found on replay).
+    Pending,
+    /// The function's JSON result.
+    Succeeded(String),
+    /// The function ran and failed; replayed as the same failure.
+    Failed(String),
+}
+
+impl CallOutcome {
+    pub fn status(&self) -> &'static str {
+        match self {
+            Self::Pending => "pending",
+            Self::Succeeded(_) => "succeeded",
+            Self::Failed(_) => "failed",
+        }
+    }
+}
+
+/// What a completed run left behind, re-applied instead of running it again.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Completion {
+    /// Events the run sent, in order.
+    pub sent: Vec<Event>,
+    /// Memory writes the run made, in order.
+    pub memory: Vec<MemoryWrite>,
+}
+
+/// One write to a key's short-term memory.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemoryWrite {
+    pub name: String,
+    pub value: String,
+}

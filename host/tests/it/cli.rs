@@ -1,0 +1,249 @@
+//! The `rewind` binary, as a user runs it.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+use crate::support::{guest, guests_dir, workspace_root};
+
+fn rewind(dir: &Path) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_rewind"));
+    command
+        .current_dir(dir)
+        .arg("--cache-dir")
+        .arg(workspace_root().join("target").join("rewind-test-cache"))
+        .env_remove("RUST_LOG");
+    command
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn write(dir: &Path, name: &str, content: &str) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, content).expect("write");
+    path
+}
+
+fn caller_agent(dir: &Path, extra: &str) -> PathBuf {
+    write(
+        dir,
+        "agent.toml",
+        &format!(
+            "name = \"cli\"\n[[actions]]\nname = \"work\"\ncomponent = {:?}\non = [\"input\"]\n{extra}",
+            guest("caller").display().to_string()
+        ),
+    )
+}
+
+fn run(dir: &Path, agent: &Path, input: &Path) -> Output {
+    rewind(dir)
+        .arg("run")
+        .arg(agent)
+        .arg("--input")
+        .arg(input)
+        .output()
+        .expect("rewind runs")
+}
+
+#[test]
+fn malformed_input_lines_are_reported_by_line_number_and_the_run_goes_on() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let agent = caller_agent(dir.path(), "");
+    let input = write(
+        dir.path(),
+        "in.jsonl",
+        "{\"key\":\"a\",\"payload\":{}}\n{\"key\":\"a\",\"payload\":\n{\"key\":\"b\",\"payload\":{}}\n",
+    );
+    let out = run(dir.path(), &agent, &input);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("line 2"), "{stderr}");
+    assert!(
+        stderr.contains("2 accepted, 2 completed, 0 failed, 1 malformed"),
+        "{stderr}"
+    );
+    assert_eq!(
+        text(&out.stdout).lines().count(),
+        2,
+        "both good lines produce their output"
+    );
+}
+
+#[test]
+fn an_unknown_key_in_agent_toml_is_named() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let agent = caller_agent(dir.path(), "[limits]\nmemory = 5\n");
+    let input = write(dir.path(), "in.jsonl", "");
+    let out = run(dir.path(), &agent, &input);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr.contains("unknown field `memory`") && stderr.contains("agent.toml"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_missing_component_is_named() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let agent = write(
+        dir.path(),
+        "agent.toml",
+        "name = \"x\"\n[[actions]]\nname = \"gone\"\ncomponent = \"nowhere/gone.wasm\"\non = [\"input\"]\n",
+    );
+    let input = write(dir.path(), "in.jsonl", "");
+    let out = run(dir.path(), &agent, &input);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr.contains("action `gone`") && stderr.contains("nowhere/gone.wasm"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn an_unreachable_function_url_stops_the_run_with_one_message() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // Bind and drop a listener: nothing listens on that port now.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port();
+    let agent = caller_agent(
+        dir.path(),
+        &format!("[functions.tool]\nkind = \"http\"\nurl = \"http://127.0.0.1:{port}/x\"\n"),
+    );
+    let input = write(dir.path(), "in.jsonl", "{\"key\":\"a\",\"payload\":{}}\n");
+    let out = run(dir.path(), &agent, &input);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr.contains("function `tool` is unreachable"),
+        "{stderr}"
+    );
+    assert!(text(&out.stdout).is_empty(), "nothing ran");
+}
+
+#[test]
+fn check_says_whether_a_component_fits_the_world() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ok = rewind(dir.path())
+        .arg("check")
+        .arg(guest("caller"))
+        .output()
+        .expect("runs");
+    assert!(ok.status.success(), "{}", text(&ok.stderr));
+    let stdout = text(&ok.stdout);
+    assert!(
+        stdout.contains("rewind:action/durable@0.1.0") && stdout.contains("fits"),
+        "{stdout}"
+    );
+
+    let evil = write(
+        dir.path(),
+        "evil.wat",
+        r#"(component (import "acme:evil/net@1.0.0" (instance)))"#,
+    );
+    let refused = rewind(dir.path())
+        .arg("check")
+        .arg(&evil)
+        .output()
+        .expect("runs");
+    assert_eq!(refused.status.code(), Some(1));
+    let stdout = text(&refused.stdout);
+    assert!(
+        stdout.contains("acme:evil/net@1.0.0  [REFUSED]"),
+        "{stdout}"
+    );
+}
+
+/// The support example against the mock service: run twice over the same state; the second
+/// run serves every call from its records, and each idempotency key reached the mock once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_support_example_calls_each_function_once_across_runs() {
+    let mock = rewind_mock::MockService::start("127.0.0.1:0".parse().expect("addr"))
+        .await
+        .expect("mock");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let example = workspace_root().join("examples").join("support");
+    let toml = std::fs::read_to_string(example.join("agent.toml"))
+        .expect("example agent.toml")
+        .replace("http://127.0.0.1:7181", &mock.base_url())
+        .replace(
+            "../../target/guests/wasm32-wasip2/release",
+            &guests_dir().display().to_string(),
+        );
+    let agent = write(dir.path(), "agent.toml", &toml);
+    let input = example.join("inputs.jsonl");
+    let inputs = std::fs::read_to_string(&input)
+        .expect("inputs")
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .count();
+
+    let dir_path = dir.path().to_owned();
+    let first = tokio::task::spawn_blocking({
+        let (dir, agent, input) = (dir_path.clone(), agent.clone(), input.clone());
+        move || run(&dir, &agent, &input)
+    })
+    .await
+    .expect("join");
+    assert!(first.status.success(), "{}", text(&first.stderr));
+    let made = mock.counts();
+    assert!(made.total > 0);
+    let second = tokio::task::spawn_blocking({
+        let (dir, agent, input) = (dir_path.clone(), agent.clone(), input.clone());
+        move || run(&dir, &agent, &input)
+    })
+    .await
+    .expect("join");
+    assert!(second.status.success(), "{}", text(&second.stderr));
+
+    assert_eq!(
+        mock.counts().total,
+        made.total,
+        "the second run calls nothing"
+    );
+    assert!(
+        mock.counts().by_idempotency_key.values().all(|&n| n == 1),
+        "{:?}",
+        mock.counts()
+    );
+    assert!(
+        text(&second.stderr).contains("calls: 0 made"),
+        "{}",
+        text(&second.stderr)
+    );
+    let sorted = |bytes: &[u8]| {
+        let mut lines: Vec<String> = text(bytes).lines().map(str::to_owned).collect();
+        lines.sort();
+        lines
+    };
+    // Keys run concurrently, so outputs of different keys may come in another order.
+    assert_eq!(
+        sorted(&first.stdout),
+        sorted(&second.stdout),
+        "the same outputs"
+    );
+    let outputs: Vec<Value> = text(&first.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("JSON"))
+        .collect();
+    assert_eq!(outputs.len(), inputs, "one reply per ticket");
+    assert!(
+        outputs.iter().any(|o| o["payload"]["status"].is_string()),
+        "{outputs:?}"
+    );
+
+    let inspect = rewind(&dir_path)
+        .args(["inspect", "--json"])
+        .output()
+        .expect("runs");
+    assert!(inspect.status.success(), "{}", text(&inspect.stderr));
+    let recorded: Value = serde_json::from_slice(&inspect.stdout).expect("JSON");
+    assert!(recorded.as_object().is_some_and(|keys| !keys.is_empty()));
+}

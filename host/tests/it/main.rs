@@ -1,0 +1,9 @@
+//! Integration tests of rewind-host: real components built from source, real wasmtime,
+//! real HTTP servers on loopback.
+
+mod calls;
+mod cli;
+mod concurrency;
+mod functions;
+mod sandbox;
+mod support;

@@ -1,0 +1,190 @@
+//! The sandbox: limits, no ambient authority, refusal of foreign imports.
+
+use std::sync::Arc;
+
+use rewind_host::agent::input::InputLine;
+use rewind_host::agent::{InputReport, JsonlSink, run_inputs};
+use rewind_host::sandbox::LoadError;
+use serde_json::json;
+
+use crate::support::{agent_toml, agent_with, first_output, input, memory_store, sandbox};
+
+async fn hostile(mode: &str, limits: &str) -> InputReport {
+    let agent = agent_with(
+        &agent_toml("hostile", "", &format!("[limits]\n{limits}")),
+        memory_store(),
+        &[],
+    );
+    agent.process(&input("k", 1, json!({ "mode": mode }))).await
+}
+
+fn error_of(report: &InputReport) -> String {
+    report
+        .error
+        .as_ref()
+        .map(ToString::to_string)
+        .unwrap_or_else(|| panic!("the run should fail: {report:?}"))
+}
+
+#[tokio::test]
+async fn a_guest_that_loops_forever_is_stopped_at_its_cpu_budget() {
+    let report = hostile("loop", "fuel = 50_000_000\ntimeout-ms = 60_000").await;
+    let error = error_of(&report);
+    assert!(error.contains("limit exceeded: fuel"), "{error}");
+}
+
+#[tokio::test]
+async fn a_guest_that_loops_forever_is_stopped_at_its_timeout() {
+    let report = hostile("loop", "fuel = 1_000_000_000_000\ntimeout-ms = 300").await;
+    let error = error_of(&report);
+    assert!(
+        error.contains("limit exceeded: timeout-ms (300 ms)"),
+        "{error}"
+    );
+}
+
+#[tokio::test]
+async fn a_guest_that_allocates_without_end_is_stopped_at_its_memory_ceiling() {
+    let report = hostile("alloc", "memory-mib = 16").await;
+    let error = error_of(&report);
+    assert!(
+        error.contains("limit exceeded: memory-mib (16 MiB)"),
+        "{error}"
+    );
+}
+
+#[tokio::test]
+async fn a_run_may_make_only_calls_per_run_calls() {
+    let toml = agent_toml(
+        "caller",
+        "",
+        "[limits]\ncalls-per-run = 2\n[functions.t]\nkind = \"time\"\n",
+    );
+    let agent = agent_with(&toml, memory_store(), &[]);
+    let calls: Vec<_> = (0..3)
+        .map(|_| json!({"function": "t", "args": {}}))
+        .collect();
+    let report = agent
+        .process(&input("k", 1, json!({ "calls": calls })))
+        .await;
+    let error = error_of(&report);
+    assert!(
+        error.contains("limit exceeded: calls-per-run (2)"),
+        "{error}"
+    );
+}
+
+#[tokio::test]
+async fn a_guest_cannot_read_files() {
+    let report = hostile("read-file", "").await;
+    assert!(report.error.is_none(), "{report:?}");
+    let output = first_output(&report);
+    assert!(
+        output.get("content").is_none(),
+        "the guest read a file: {output}"
+    );
+    assert!(output["error"].is_string(), "{output}");
+}
+
+#[tokio::test]
+async fn a_guest_cannot_open_sockets() {
+    // Something listens, so only the sandbox can be what refuses the connection.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let agent = agent_with(&agent_toml("hostile", "", ""), memory_store(), &[]);
+    let report = agent
+        .process(&input("k", 1, json!({ "mode": "socket", "port": port })))
+        .await;
+    assert!(report.error.is_none(), "{report:?}");
+    let output = first_output(&report);
+    assert!(
+        output.get("connected").is_none() && output["error"].is_string(),
+        "{output}"
+    );
+}
+
+#[tokio::test]
+async fn a_guest_trap_fails_the_run_with_the_trap() {
+    let report = hostile("trap", "").await;
+    let error = error_of(&report);
+    assert!(error.contains("trapped"), "{error}");
+}
+
+#[test]
+fn a_component_importing_an_unknown_interface_is_refused_with_the_import_named() {
+    let wat = r#"(component (import "acme:evil/net@1.0.0" (instance)))"#;
+    let error = sandbox()
+        .load("evil.wat", wat.as_bytes())
+        .expect_err("refused");
+    assert!(matches!(error, LoadError::World { .. }), "{error}");
+    assert!(error.to_string().contains("acme:evil/net@1.0.0"), "{error}");
+}
+
+#[test]
+fn a_core_module_is_refused_as_not_a_component() {
+    let error = sandbox()
+        .load("core.wat", b"(module)")
+        .expect_err("refused");
+    assert!(
+        error
+            .to_string()
+            .contains("core WebAssembly module, not a component"),
+        "{error}"
+    );
+}
+
+#[test]
+fn bytes_that_are_not_wasm_are_refused() {
+    let error = sandbox().load("notes.txt", b"hello").expect_err("refused");
+    assert!(
+        error.to_string().contains("notes.txt is not WebAssembly"),
+        "{error}"
+    );
+}
+
+#[test]
+fn a_component_without_the_run_export_is_refused() {
+    let error = sandbox()
+        .load("empty.wat", b"(component)")
+        .expect_err("refused");
+    assert!(
+        error.to_string().contains("does not export `run"),
+        "{error}"
+    );
+}
+
+#[tokio::test]
+async fn other_keys_keep_running_while_one_key_spins() {
+    let toml = agent_toml(
+        "hostile",
+        "parallelism = 4",
+        "[limits]\nfuel = 1_000_000_000_000\ntimeout-ms = 3000\n",
+    );
+    let agent = Arc::new(agent_with(&toml, memory_store(), &[]));
+    let mut lines = vec![Ok(InputLine {
+        line: 1,
+        key: "spinner".into(),
+        payload: json!({"mode": "loop"}).to_string(),
+    })];
+    for i in 0..20 {
+        lines.push(Ok(InputLine {
+            line: i + 2,
+            key: format!("k{}", i % 5),
+            payload: json!({"mode": "print"}).to_string(),
+        }));
+    }
+    let mut sink = JsonlSink::new(Vec::new());
+    let summary = run_inputs(agent, lines.into_iter(), &mut sink, &())
+        .await
+        .expect("run");
+    assert_eq!(summary.completed, 20, "{summary:?}");
+    assert_eq!(summary.failed.len(), 1, "{summary:?}");
+    assert!(
+        summary.failed[0].contains("spinner") && summary.failed[0].contains("timeout-ms"),
+        "{summary:?}"
+    );
+    let written = String::from_utf8(sink.into_inner()).expect("utf-8");
+    assert_eq!(written.lines().count(), 20);
+}

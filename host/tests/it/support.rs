@@ -1,0 +1,176 @@
+//! Shared helpers: guest components built from source, one sandbox, counting functions.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use async_trait::async_trait;
+use rewind_host::agent::{Agent, AgentFile};
+use rewind_host::event::Input;
+use rewind_host::functions::{CallRequest, Function, FunctionError};
+use rewind_host::sandbox::Sandbox;
+use rewind_host::store::{ActionStateStore, InMemoryStore};
+
+/// The guests the tests run, built once per test binary: tests/guests/ and the examples.
+const GUESTS: [&str; 10] = [
+    "guest-caller",
+    "guest-hostile",
+    "guest-noop",
+    "support-triage",
+    "support-lookup",
+    "enrichment-intake",
+    "enrichment-crm",
+    "enrichment-company",
+    "enrichment-person",
+    "enrichment-score",
+];
+
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("host/ has a parent")
+        .to_owned()
+}
+
+/// Path of the component of test guest `name` (e.g. "caller"), building the guests first.
+pub fn guest(name: &str) -> PathBuf {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    let dir = BUILT.get_or_init(|| {
+        let root = workspace_root();
+        let target = root.join("target").join("guests");
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+        let mut command = Command::new(cargo);
+        command
+            .current_dir(&root)
+            .args([
+                "build",
+                "--release",
+                "--target",
+                "wasm32-wasip2",
+                "--target-dir",
+            ])
+            .arg(&target);
+        for package in GUESTS {
+            command.args(["-p", package]);
+        }
+        let status = command.status().expect("cargo runs");
+        assert!(status.success(), "building the test guests failed");
+        target.join("wasm32-wasip2").join("release")
+    });
+    dir.join(format!("guest_{name}.wasm"))
+}
+
+/// The directory guest components are built into (after building them).
+pub fn guests_dir() -> PathBuf {
+    guest("caller").parent().expect("a directory").to_owned()
+}
+
+/// One sandbox for the whole test binary, caching compiled components under target/.
+pub fn sandbox() -> Arc<Sandbox> {
+    static SANDBOX: OnceLock<Arc<Sandbox>> = OnceLock::new();
+    SANDBOX
+        .get_or_init(|| {
+            let cache = workspace_root().join("target").join("rewind-test-cache");
+            Arc::new(
+                Sandbox::builder()
+                    .cache_dir(Some(cache))
+                    .instances(128)
+                    .build()
+                    .expect("sandbox"),
+            )
+        })
+        .clone()
+}
+
+/// An agent.toml with one action `work` running test guest `guest_name` on inputs; `top`
+/// goes before the tables (agent-level keys), `tables` after them.
+pub fn agent_toml(guest_name: &str, top: &str, tables: &str) -> String {
+    format!(
+        "name = \"test\"\n{top}\n[[actions]]\nname = \"work\"\ncomponent = {path:?}\non = [\"input\"]\n{tables}",
+        path = guest(guest_name).display().to_string(),
+    )
+}
+
+pub fn agent_file(toml: &str) -> AgentFile {
+    AgentFile::parse(Path::new("agent.toml"), toml).expect("valid agent.toml")
+}
+
+/// Loads `toml` with `store` and the given custom functions.
+pub fn agent_with(
+    toml: &str,
+    store: Arc<dyn ActionStateStore>,
+    functions: &[(&str, Arc<dyn Function>)],
+) -> Agent {
+    let mut builder = Agent::builder(agent_file(toml), sandbox()).store(store);
+    for (name, function) in functions {
+        builder = builder.function(*name, Arc::clone(function));
+    }
+    builder.build().expect("agent loads")
+}
+
+pub fn memory_store() -> Arc<InMemoryStore> {
+    Arc::new(InMemoryStore::default())
+}
+
+pub fn input(key: &str, sequence: u64, payload: serde_json::Value) -> Input {
+    Input {
+        key: key.to_owned(),
+        sequence,
+        payload: payload.to_string(),
+    }
+}
+
+/// A custom function that counts its calls and remembers their idempotency keys.
+#[derive(Debug, Default)]
+pub struct Counting {
+    calls: AtomicU64,
+    keys: Mutex<Vec<String>>,
+    /// When set, every call fails with this message.
+    pub fail_with: Option<String>,
+}
+
+impl Counting {
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self::default())
+    }
+
+    pub fn failing(message: &str) -> Arc<Self> {
+        Arc::new(Self {
+            fail_with: Some(message.to_owned()),
+            ..Self::default()
+        })
+    }
+
+    pub fn calls(&self) -> u64 {
+        self.calls.load(Ordering::SeqCst)
+    }
+
+    pub fn keys(&self) -> Vec<String> {
+        self.keys.lock().expect("lock").clone()
+    }
+}
+
+#[async_trait]
+impl Function for Counting {
+    async fn call(&self, request: CallRequest<'_>) -> Result<String, FunctionError> {
+        let n = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
+        self.keys
+            .lock()
+            .expect("lock")
+            .push(request.idempotency_key.to_owned());
+        match &self.fail_with {
+            Some(message) => Err(FunctionError::Failed(message.clone())),
+            None => Ok(serde_json::json!({ "n": n, "args": serde_json::from_str::<serde_json::Value>(request.args).unwrap_or_default() }).to_string()),
+        }
+    }
+}
+
+/// The payload of the first output, parsed.
+pub fn first_output(report: &rewind_host::agent::InputReport) -> serde_json::Value {
+    let output = report
+        .outputs
+        .first()
+        .unwrap_or_else(|| panic!("no output: {report:?}"));
+    serde_json::from_str(&output.payload).expect("output is JSON")
+}

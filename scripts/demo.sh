@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The demo: builds what it needs, starts the mock service on loopback, runs the support
+# agent over its sample inputs twice with the same state, and shows that each call ran once.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+addr=127.0.0.1:7181
+scripts/guests.sh
+cargo build --quiet -p rewind-host -p rewind-mock
+
+state=$(mktemp -d)
+log=$(mktemp)
+target/debug/rewind-mock --addr "$addr" >"$log" 2>&1 &
+mock=$!
+trap 'kill "$mock" 2>/dev/null || true; rm -rf "$state" "$log"' EXIT
+for _ in $(seq 50); do
+    grep -q listening "$log" && break
+    kill -0 "$mock" 2>/dev/null || { cat "$log"; echo "the mock service did not start (is $addr taken?)"; exit 1; }
+    sleep 0.1
+done
+
+echo "== first run: every call reaches the mock service"
+target/debug/rewind run examples/support/agent.toml \
+    --input examples/support/inputs.jsonl --state "$state" --output "$state/outputs.jsonl"
+echo
+echo "== outputs"
+cat "$state/outputs.jsonl"
+echo
+echo "== second run over the same state: nothing is called again"
+target/debug/rewind run examples/support/agent.toml \
+    --input examples/support/inputs.jsonl --state "$state" --output "$state/outputs-again.jsonl"
+echo
+echo "== what was recorded for one customer"
+target/debug/rewind inspect --state "$state" --key cust-ana
+echo
+echo "== calls the mock service received, per idempotency key (each should be 1)"
+kill -TERM "$mock"
+wait "$mock" || true
+grep -o '"by_idempotency_key":{[^}]*}' "$log" | tr ',' '\n'
+grep -o '"repeated_keys":\[[^]]*\]' "$log"

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Runs every check and test: formatting, clippy with warnings as errors, all tests.
+# Works on a fresh machine with only the Rust toolchain: installs what is missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+for component in rustfmt clippy; do
+    if ! rustup component list --installed | grep -q "^$component"; then
+        rustup component add "$component"
+    fi
+done
+scripts/guests.sh
+
+echo "== cargo fmt --check"
+cargo fmt --all --check
+echo "== cargo clippy"
+cargo clippy --workspace --all-targets -- -D warnings
+echo "== cargo test"
+cargo test --workspace

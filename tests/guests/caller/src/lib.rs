@@ -1,0 +1,132 @@
+//! A scriptable action for the host's tests: the event's payload says which durable calls
+//! to make, which memory to write and read, which events to send, and whether to fail.
+//!
+//! Payload (every field optional; `null` is an empty script):
+//!
+//! ```json
+//! {
+//!   "calls": [{ "function": "f", "args": {} }],
+//!   "memory_set": { "name": 1 },
+//!   "memory_get": ["name"],
+//!   "send": [{ "kind": "k", "payload": {} }],
+//!   "fail": "message",
+//!   "output": true
+//! }
+//! ```
+//!
+//! Steps, in this order: make the calls (`args` default to `{}`), write memory, read
+//! memory, send the events; then fail with `fail` if it is set (the calls stay recorded,
+//! the run does not complete), else, unless `output` is `false`, send an `output` event:
+//!
+//! ```json
+//! {
+//!   "kind": "<triggering event kind>",
+//!   "key": "<key>",
+//!   "sequence": 1,
+//!   "results": [{ "ok": <result> }, { "error": { "failed": "..." } }],
+//!   "memory": { "name": <value or null> }
+//! }
+//! ```
+//!
+//! A call's error is `{"failed": ..}`, `{"denied": ..}` or `{"unknown-function": ..}`; a
+//! result that is not JSON is reported as `{"not-json": "<text>"}`. Events of any kind are
+//! handled the same way, so a test can script a chain of actions.
+
+use rewind_guest::{Action, CallError, Context, Error, Event};
+use serde::Deserialize;
+use serde_json::{Map, Value, json};
+
+/// What the event asks the action to do.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+struct Script {
+    calls: Vec<Call>,
+    send: Vec<Send>,
+    memory_set: Map<String, Value>,
+    memory_get: Vec<String>,
+    fail: Option<String>,
+    output: Option<bool>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Call {
+    function: String,
+    #[serde(default = "empty_object")]
+    args: Value,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Send {
+    kind: String,
+    #[serde(default)]
+    payload: Value,
+}
+
+fn empty_object() -> Value {
+    Value::Object(Map::new())
+}
+
+/// Runs the script in its triggering event.
+#[derive(Debug)]
+struct Caller;
+
+impl Action for Caller {
+    fn run(ctx: &mut Context, event: Event) -> Result<(), Error> {
+        let script: Option<Script> = event.payload()?;
+        let script = script.unwrap_or_default();
+
+        let mut results = Vec::with_capacity(script.calls.len());
+        for call in &script.calls {
+            let args = serde_json::to_string(&call.args)?;
+            results.push(outcome(ctx.call_json(&call.function, &args)));
+        }
+
+        for (name, value) in &script.memory_set {
+            ctx.set_memory(name, value)?;
+        }
+        let mut memory = Map::new();
+        for name in &script.memory_get {
+            let value: Option<Value> = ctx.memory(name)?;
+            memory.insert(name.clone(), value.unwrap_or(Value::Null));
+        }
+
+        for send in &script.send {
+            ctx.send(&send.kind, &send.payload)?;
+        }
+
+        if let Some(message) = script.fail {
+            return Err(Error::msg(message));
+        }
+        if script.output.unwrap_or(true) {
+            ctx.output(&json!({
+                "kind": event.kind,
+                "key": ctx.key(),
+                "sequence": ctx.sequence(),
+                "results": results,
+                "memory": memory,
+            }))?;
+        }
+        Ok(())
+    }
+}
+
+/// One call's result as the output reports it.
+fn outcome(result: Result<String, CallError>) -> Value {
+    match result {
+        Ok(text) => match serde_json::from_str::<Value>(&text) {
+            Ok(value) => json!({ "ok": value }),
+            Err(_) => json!({ "not-json": text }),
+        },
+        Err(CallError::Failed(message)) => json!({ "error": { "failed": message } }),
+        Err(CallError::Denied(message)) => json!({ "error": { "denied": message } }),
+        Err(CallError::UnknownFunction(message)) => {
+            json!({ "error": { "unknown-function": message } })
+        }
+        // `call_json` returns no other error today; report any future one by its text.
+        Err(other) => json!({ "error": { "other": other.to_string() } }),
+    }
+}
+
+rewind_guest::export_action!(Caller);

@@ -1,0 +1,93 @@
+//! An action that misbehaves on request, for the host's sandbox tests.
+//!
+//! Payload: `{"mode": "<mode>"}`:
+//!
+//! | mode | does |
+//! |---|---|
+//! | `loop` | spins forever without allocating |
+//! | `alloc` | allocates 1 MiB blocks, each filled with nonzero bytes, until stopped |
+//! | `read-file` | reads `/etc/passwd`; outputs `{"content": ..}` or `{"error": ..}` |
+//! | `socket` | connects to `127.0.0.1:<port>` (`port`, default 80); outputs `{"connected": true}` or `{"error": ..}` |
+//! | `print` | writes a line to stdout and one to stderr; outputs `{"printed": true}` |
+//! | `trap` | panics with `boom` |
+
+use std::hint::black_box;
+use std::io::Write;
+
+use rewind_guest::{Action, Context, Error, Event};
+use serde::Deserialize;
+use serde_json::json;
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+enum Mode {
+    Loop,
+    Alloc,
+    ReadFile,
+    Socket,
+    Print,
+    Trap,
+}
+
+#[derive(Debug, Deserialize)]
+struct Script {
+    mode: Mode,
+    /// `socket`: the loopback port to connect to (default 80).
+    #[serde(default = "default_port")]
+    port: u16,
+}
+
+fn default_port() -> u16 {
+    80
+}
+
+/// Does what its payload's `mode` asks.
+#[derive(Debug)]
+struct Hostile;
+
+impl Action for Hostile {
+    fn run(ctx: &mut Context, event: Event) -> Result<(), Error> {
+        let script: Script = event.payload()?;
+        match script.mode {
+            Mode::Loop => spin(),
+            Mode::Alloc => hoard(),
+            Mode::ReadFile => match std::fs::read_to_string("/etc/passwd") {
+                Ok(content) => ctx.output(&json!({ "content": content })),
+                Err(error) => ctx.output(&json!({ "error": error.to_string() })),
+            },
+            Mode::Socket => match std::net::TcpStream::connect(("127.0.0.1", script.port)) {
+                Ok(_stream) => ctx.output(&json!({ "connected": true })),
+                Err(error) => ctx.output(&json!({ "error": error.to_string() })),
+            },
+            Mode::Print => {
+                println!("hello from stdout");
+                eprintln!("hello from stderr");
+                // Make sure the lines reach the host before the run ends.
+                std::io::stdout().flush()?;
+                ctx.output(&json!({ "printed": true }))
+            }
+            Mode::Trap => panic!("boom"),
+        }
+    }
+}
+
+/// Burns CPU forever; `black_box` keeps the loop from being optimised away.
+fn spin() -> ! {
+    let mut counter = 0_u64;
+    loop {
+        counter = black_box(counter.wrapping_add(1));
+    }
+}
+
+/// Takes memory until the host stops it. Each block is written (nonzero), so the pages
+/// are really touched.
+fn hoard() -> ! {
+    const BLOCK: usize = 1 << 20;
+    let mut blocks: Vec<Vec<u8>> = Vec::new();
+    loop {
+        blocks.push(black_box(vec![0xA5_u8; BLOCK]));
+        black_box(&blocks);
+    }
+}
+
+rewind_guest::export_action!(Hostile);
