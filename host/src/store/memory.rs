@@ -197,3 +197,12 @@ impl ActionStateStore for InMemoryStore {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::InMemoryStore;
+
+    crate::store_conformance_tests!(|partitions| Arc::new(InMemoryStore::new(partitions)));
+}

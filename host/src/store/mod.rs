@@ -5,6 +5,7 @@
 //! a [`Marker`]; recovery rebuilds the cache from one. See DESIGN.md, "The store and its
 //! markers".
 
+pub mod conformance;
 mod memory;
 mod state;
 

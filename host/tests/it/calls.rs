@@ -310,3 +310,46 @@ async fn the_store_acknowledges_a_record_before_the_guest_sees_the_result() {
     assert_eq!(recorded.len(), 1);
     assert!(matches!(recorded[0].1, CallOutcome::Succeeded(_)));
 }
+
+/// A clock stuck at one instant.
+#[derive(Debug)]
+struct Fixed(std::time::SystemTime);
+
+impl rewind_host::functions::Clock for Fixed {
+    fn now(&self) -> std::time::SystemTime {
+        self.0
+    }
+}
+
+#[tokio::test]
+async fn time_is_recorded_like_any_call_and_replayed_unchanged() {
+    use std::time::{Duration, UNIX_EPOCH};
+
+    let store = memory_store();
+    let toml = agent_toml("caller", "", "[functions.now]\nkind = \"time\"\n");
+    let at = |ms: u64| {
+        rewind_host::agent::Agent::builder(
+            crate::support::agent_file(&toml),
+            crate::support::sandbox(),
+        )
+        .store(store.clone())
+        .clock(Arc::new(Fixed(UNIX_EPOCH + Duration::from_millis(ms))))
+        .build()
+        .expect("agent")
+    };
+    let script = |fail: bool| {
+        let mut payload = json!({ "calls": [call("now", json!({}))] });
+        if fail {
+            payload["fail"] = json!("stop");
+        }
+        payload
+    };
+    at(1_000).process(&input("k", 1, script(true))).await;
+    // Later, with the clock moved on, the replay still sees the time the first run saw.
+    let replay = at(9_999_000).process(&input("k", 1, script(false))).await;
+    assert!(replay.error.is_none(), "{replay:?}");
+    assert_eq!(
+        first_output(&replay)["results"][0]["ok"],
+        json!({ "unix_ms": 1000 })
+    );
+}

@@ -188,3 +188,55 @@ async fn other_keys_keep_running_while_one_key_spins() {
     let written = String::from_utf8(sink.into_inner()).expect("utf-8");
     assert_eq!(written.lines().count(), 20);
 }
+
+/// Collects what tracing writes, for the test that reads the guest's output from the log.
+#[derive(Clone, Default)]
+struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().expect("lock").extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn guest_stdout_and_stderr_go_to_the_log_with_the_run_named() {
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .with_max_level(tracing::Level::INFO)
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+
+    let agent = agent_with(&agent_toml("hostile", "", ""), memory_store(), &[]);
+    let report = agent
+        .process(&input("printer", 4, json!({ "mode": "print" })))
+        .await;
+    assert!(report.error.is_none(), "{report:?}");
+
+    let log = String::from_utf8(captured.0.lock().expect("lock").clone()).expect("utf-8");
+    for (text, stream) in [
+        ("hello from stdout", "stdout"),
+        ("hello from stderr", "stderr"),
+    ] {
+        let line = log
+            .lines()
+            .find(|l| l.contains(text))
+            .unwrap_or_else(|| panic!("`{text}` is not in the log:\n{log}"));
+        for field in [
+            "agent=test",
+            "key=printer",
+            "sequence=4",
+            "action=work",
+            &format!("stream=\"{stream}\""),
+        ] {
+            assert!(line.contains(field), "`{field}` missing from: {line}");
+        }
+    }
+}

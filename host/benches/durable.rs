@@ -1,0 +1,159 @@
+//! Start + run of a trivial action, and durable calls served from a record or made live.
+//!
+//! `cargo bench -p rewind-host --bench durable`; results and targets in BENCHMARKS.md.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use criterion::{Criterion, criterion_group, criterion_main};
+use rewind_host::durable::{CallPolicy, DurableCalls};
+use rewind_host::event::Event;
+use rewind_host::functions::{CallRequest, Function, FunctionError, Functions};
+use rewind_host::sandbox::{Limits, RunInput, RunLabels, Sandbox};
+use rewind_host::store::{
+    ActionState, ActionStateStore, Digest, InMemoryStore, KeyScope, StateKey,
+};
+
+#[derive(Debug)]
+struct Noop;
+
+#[async_trait]
+impl Function for Noop {
+    async fn call(&self, _request: CallRequest<'_>) -> Result<String, FunctionError> {
+        Ok("{}".to_owned())
+    }
+}
+
+fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace root")
+}
+
+fn noop_component() -> std::path::PathBuf {
+    let status = std::process::Command::new("bash")
+        .arg(root().join("scripts/guests.sh"))
+        .status()
+        .expect("scripts/guests.sh runs");
+    assert!(status.success(), "building the guests failed");
+    root().join("target/guests/wasm32-wasip2/release/guest_noop.wasm")
+}
+
+fn key(sequence: u64) -> StateKey {
+    StateKey {
+        scope: KeyScope::new("bench", "bench", "key"),
+        sequence,
+        action: "act".to_owned(),
+        trigger: Digest::of(&[b"input"]),
+    }
+}
+
+fn calls(
+    store: &Arc<dyn ActionStateStore>,
+    functions: &Arc<Functions>,
+    state: ActionState,
+) -> DurableCalls {
+    let policy = Arc::new(CallPolicy {
+        calls_per_run: u32::MAX,
+        ..CallPolicy::default()
+    });
+    DurableCalls::new(Arc::clone(store), Arc::clone(functions), policy, state)
+}
+
+fn benches(c: &mut Criterion) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let store: Arc<dyn ActionStateStore> = Arc::new(InMemoryStore::default());
+    let mut functions = Functions::new();
+    functions.register("noop", Arc::new(Noop), None);
+    let functions = Arc::new(functions);
+
+    let sandbox = Sandbox::builder()
+        .cache_dir(Some(root().join("target/rewind-bench-cache")))
+        .build()
+        .expect("sandbox");
+    let component = sandbox.load_file(&noop_component()).expect("noop loads");
+    c.bench_function("action/start_and_run_trivial", |b| {
+        b.to_async(&runtime).iter(|| async {
+            let input = RunInput {
+                labels: RunLabels {
+                    agent: "bench".to_owned(),
+                    key: "key".to_owned(),
+                    sequence: 1,
+                    action: "act".to_owned(),
+                },
+                event: Event::new("input", "{}"),
+                memory: Arc::default(),
+                durable: calls(
+                    &store,
+                    &functions,
+                    ActionState::new(key(1), Event::new("input", "{}")),
+                ),
+                limits: Limits::default(),
+            };
+            let output = sandbox.run(&component, input).await;
+            assert!(output.result.is_ok());
+        });
+    });
+
+    c.bench_function("durable/call_served_from_record", |b| {
+        b.to_async(&runtime).iter_custom(|iters| {
+            let store = Arc::clone(&store);
+            let functions = Arc::clone(&functions);
+            async move {
+                // A state holding `iters` records of the same call, replayed one after another.
+                let mut recording = calls(
+                    &store,
+                    &functions,
+                    ActionState::new(key(2), Event::new("input", "{}")),
+                );
+                let mut state = {
+                    let _ = recording
+                        .call("noop", r#"{"q":"where is my order?"}"#)
+                        .await;
+                    recording.state().clone()
+                };
+                let record = state.calls[0].clone();
+                state.calls = vec![record; usize::try_from(iters).expect("fits")];
+                let mut replay = calls(&store, &functions, state);
+                let started = Instant::now();
+                for _ in 0..iters {
+                    let result = replay.call("noop", r#"{"q":"where is my order?"}"#).await;
+                    assert!(matches!(result, Ok(Ok(_))));
+                }
+                let elapsed = started.elapsed();
+                assert_eq!(replay.stats().live, 0);
+                elapsed
+            }
+        });
+    });
+
+    c.bench_function("durable/call_live_noop_in_memory_store", |b| {
+        let mut sequence = 10;
+        b.to_async(&runtime).iter_custom(|iters| {
+            let store = Arc::clone(&store);
+            let functions = Arc::clone(&functions);
+            let first = sequence;
+            sequence += iters;
+            async move {
+                let mut total = Duration::ZERO;
+                for n in 0..iters {
+                    let state = ActionState::new(key(first + n), Event::new("input", "{}"));
+                    let started = Instant::now();
+                    let mut run = calls(&store, &functions, state);
+                    let result = run.call("noop", r#"{"q":"where is my order?"}"#).await;
+                    total += started.elapsed();
+                    assert!(matches!(result, Ok(Ok(_))));
+                }
+                total
+            }
+        });
+    });
+}
+
+criterion_group!(durable, benches);
+criterion_main!(durable);
