@@ -133,18 +133,19 @@ fn benches(c: &mut Criterion) {
     });
 
     c.bench_function("durable/call_live_noop_in_memory_store", |b| {
-        let mut sequence = 10;
         b.to_async(&runtime).iter_custom(|iters| {
-            let store = Arc::clone(&store);
             let functions = Arc::clone(&functions);
-            let first = sequence;
-            sequence += iters;
             async move {
+                // A fresh store per batch, so that its size does not drift over the run.
+                let store: Arc<dyn ActionStateStore> = Arc::new(InMemoryStore::default());
                 let mut total = Duration::ZERO;
                 for n in 0..iters {
-                    let state = ActionState::new(key(first + n), Event::new("input", "{}"));
+                    let mut run = calls(
+                        &store,
+                        &functions,
+                        ActionState::new(key(n), Event::new("input", "{}")),
+                    );
                     let started = Instant::now();
-                    let mut run = calls(&store, &functions, state);
                     let result = run.call("noop", r#"{"q":"where is my order?"}"#).await;
                     total += started.elapsed();
                     assert!(matches!(result, Ok(Ok(_))));

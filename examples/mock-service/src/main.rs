@@ -32,6 +32,9 @@ async fn main() -> anyhow::Result<()> {
     let mock = MockService::start(args.addr)
         .await
         .with_context(|| format!("cannot listen on {}", args.addr))?;
+    // Listen for signals before saying we are up: a script that sends SIGTERM right after
+    // the line must get a clean shutdown, not the default action of the signal.
+    let signal = shutdown_signal().context("cannot listen for shutdown signals")?;
     {
         // Scripts wait for this line, so it must not sit in a buffer.
         let mut stdout = std::io::stdout().lock();
@@ -40,28 +43,22 @@ async fn main() -> anyhow::Result<()> {
             .context("cannot write to stdout")?;
     }
 
-    let signal = shutdown_signal()
-        .await
-        .context("cannot listen for shutdown signals")?;
+    let signal = signal.await;
     let counts = mock.shutdown().await.context("server failed")?;
     let counts = serde_json::to_string(&counts).context("cannot print the final counts")?;
     eprintln!("rewind-mock stopped on {signal}; final counts: {counts}");
     Ok(())
 }
 
-/// Waits for SIGINT (Ctrl-C) or, on Unix, SIGTERM, and names the one that came.
-async fn shutdown_signal() -> std::io::Result<&'static str> {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        let mut terminate = signal(SignalKind::terminate())?;
+/// Starts listening for SIGINT and SIGTERM now; the future names the one that came.
+fn shutdown_signal() -> std::io::Result<impl Future<Output = &'static str>> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    let mut terminate = signal(SignalKind::terminate())?;
+    Ok(async move {
         tokio::select! {
-            interrupted = tokio::signal::ctrl_c() => interrupted.map(|()| "SIGINT"),
-            _ = terminate.recv() => Ok("SIGTERM"),
+            _ = interrupt.recv() => "SIGINT",
+            _ = terminate.recv() => "SIGTERM",
         }
-    }
-    #[cfg(not(unix))]
-    {
-        tokio::signal::ctrl_c().await.map(|()| "Ctrl-C")
-    }
+    })
 }

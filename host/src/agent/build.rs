@@ -19,7 +19,7 @@ const DEFAULT_CHAT_TIMEOUT_MS: u64 = 60_000;
 
 /// Why an agent could not be loaded.
 #[derive(Debug, thiserror::Error)]
-pub enum LoadError {
+pub enum BuildError {
     #[error("{agent}: action `{action}`: {source}")]
     Component {
         agent: String,
@@ -34,6 +34,11 @@ pub enum LoadError {
     },
     #[error("{agent}: {message}")]
     Limits { agent: String, message: String },
+    #[error(
+        "{agent}: the host registers a handler for `{function}`, which agent.toml does not \
+         declare; declare it with kind = \"custom\" (and `actions` to say who may call it)"
+    )]
+    Undeclared { agent: String, function: String },
 }
 
 /// Sets up an [`Agent`] from its file.
@@ -70,8 +75,9 @@ impl AgentBuilder {
         self
     }
 
-    /// Provides the handler of a function declared with `kind = "custom"`, or declares a
-    /// function that `agent.toml` does not mention (callable by every action).
+    /// Provides the handler of a function declared in `agent.toml` with `kind = "custom"`.
+    /// Functions are denied by default: a handler for a function the file does not declare
+    /// is an error at [`build`](Self::build).
     pub fn function(mut self, name: impl Into<String>, handler: Arc<dyn Function>) -> Self {
         self.custom.insert(name.into(), handler);
         self
@@ -85,11 +91,21 @@ impl AgentBuilder {
 
     /// Compiles (or takes from the cache) and checks every component, and sets up every
     /// function. Fails on the first thing that is wrong, naming it.
-    pub fn build(mut self) -> Result<Agent, LoadError> {
+    pub fn build(mut self) -> Result<Agent, BuildError> {
         let config = &self.file.config;
         let agent = config.name.clone();
+        if config.parallelism > self.sandbox.instances() as usize {
+            return Err(BuildError::Limits {
+                agent,
+                message: format!(
+                    "parallelism is {} but this host runs at most {} actions at once",
+                    config.parallelism,
+                    self.sandbox.instances()
+                ),
+            });
+        }
         if config.limits.memory_mib > self.sandbox.max_memory_mib() {
-            return Err(LoadError::Limits {
+            return Err(BuildError::Limits {
                 agent,
                 message: format!(
                     "limits.memory-mib is {} but this host allows at most {}",
@@ -104,7 +120,7 @@ impl AgentBuilder {
             let component =
                 self.sandbox
                     .load_file(&path)
-                    .map_err(|source| LoadError::Component {
+                    .map_err(|source| BuildError::Component {
                         agent: agent.clone(),
                         action: action.name.clone(),
                         source,
@@ -119,7 +135,7 @@ impl AgentBuilder {
         let mut functions = Functions::new();
         let mut divergence_by_function = BTreeMap::new();
         for (name, function) in &config.functions {
-            let fail = |message: String| LoadError::Function {
+            let fail = |message: String| BuildError::Function {
                 agent: agent.clone(),
                 function: name.clone(),
                 message,
@@ -138,8 +154,11 @@ impl AgentBuilder {
                 divergence_by_function.insert(name.clone(), policy);
             }
         }
-        for (name, handler) in std::mem::take(&mut self.custom) {
-            functions.register(name, handler, None);
+        if let Some(function) = self.custom.keys().next() {
+            return Err(BuildError::Undeclared {
+                agent,
+                function: function.clone(),
+            });
         }
 
         Ok(Agent {
@@ -214,6 +233,8 @@ fn build_function(
         }
         FunctionKind::Time => Arc::new(TimeFunction::new(Arc::clone(clock))),
         FunctionKind::Random => Arc::new(RandomFunction),
-        FunctionKind::Custom => unreachable!("custom functions come from the builder"),
+        FunctionKind::Custom => {
+            return Err("kind \"custom\" needs a handler from the embedding program".to_owned());
+        }
     })
 }

@@ -10,7 +10,7 @@ mod scheduler;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
-pub use build::{AgentBuilder, LoadError};
+pub use build::{AgentBuilder, BuildError};
 pub use config::{
     ActionConfig, AgentConfig, AgentFile, ConfigError, DEFAULT_PARALLELISM, FunctionConfig,
     FunctionKind,
@@ -84,6 +84,21 @@ pub enum InputError {
         "{key} #{sequence}: more than {MAX_EVENTS_PER_INPUT} events; do the actions trigger each other without end?"
     )]
     TooManyEvents { key: String, sequence: u64 },
+    #[error(
+        "{key} #{sequence}: not run, because input #{failed} of this key failed first (inputs of \
+         a key run in order); run the inputs again to retry both"
+    )]
+    Blocked {
+        key: String,
+        sequence: u64,
+        failed: u64,
+    },
+    #[error("{key} #{sequence}: the host panicked while processing it: {message}")]
+    Panicked {
+        key: String,
+        sequence: u64,
+        message: String,
+    },
 }
 
 impl Agent {
@@ -136,7 +151,10 @@ impl Agent {
         let mut report = InputReport::default();
         let scope = self.scope(&input.key);
         let mut queue: VecDeque<(Event, Digest)> = VecDeque::new();
-        queue.push_back((Event::new(INPUT_KIND, &input.payload), input_trigger()));
+        queue.push_back((
+            Event::new(INPUT_KIND, &input.payload),
+            input_trigger(&input.payload),
+        ));
         let mut events = 0;
         while let Some((event, trigger)) = queue.pop_front() {
             events += 1;
@@ -219,14 +237,10 @@ impl Agent {
             limits: self.limits,
         };
         let output = self.sandbox.run(&action.component, run).await;
-        if let Some(durable) = &output.durable {
-            report.calls += durable.stats();
-        }
+        report.calls += output.durable.stats();
         output.result?;
-        let Some(durable) = output.durable else {
-            unreachable!("a run that completed keeps its store");
-        };
-        durable
+        output
+            .durable
             .complete(Completion {
                 sent: output.sent,
                 memory: output.memory,

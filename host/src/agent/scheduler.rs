@@ -9,14 +9,15 @@ use tokio::sync::{Semaphore, mpsc};
 
 use super::input::{InputLine, LineError};
 use super::output::JsonlSink;
-use super::{Agent, InputReport};
+use super::{Agent, InputError, InputReport};
 use crate::durable::CallStats;
 use crate::event::Input;
 
 /// Told as inputs are accepted and finished (a progress bar, for instance).
 pub trait Progress {
     fn accepted(&self) {}
-    fn finished(&self) {}
+    /// `input` is done: completed, or failed (`completed` is false).
+    fn finished(&self, _input: &Input, _completed: bool) {}
 }
 
 impl Progress for () {}
@@ -30,7 +31,7 @@ pub struct Summary {
     pub malformed: Vec<LineError>,
     pub completed: u64,
     /// Inputs that did not complete, with why.
-    pub failed: Vec<String>,
+    pub failed: Vec<InputError>,
     /// Outputs written.
     pub outputs: u64,
     /// Outputs dropped because their id had been written already.
@@ -46,8 +47,9 @@ pub struct Summary {
 /// Processes `lines` through `agent`, writing outputs to `sink` as inputs complete.
 ///
 /// Inputs of one key run one at a time in file order, and the n-th input of a key gets
-/// sequence n; up to the agent's `parallelism` keys run at once. A failed input is counted
-/// and reported, and the key's later inputs still run.
+/// sequence n; up to the agent's `parallelism` keys run at once. When an input fails, the
+/// later inputs of its key are not run (they are reported as [`InputError::Blocked`]), so
+/// that no input runs on top of a key whose earlier input did not complete.
 pub async fn run_inputs<W: Write>(
     agent: Arc<Agent>,
     lines: impl Iterator<Item = Result<InputLine, LineError>>,
@@ -87,8 +89,17 @@ pub async fn run_inputs<W: Write>(
             sequence: *last,
             payload: line.payload,
         };
-        if queue.send(input).is_err() {
-            unreachable!("a key's worker lives until its queue is closed");
+        if let Err(mpsc::error::SendError(input)) = queue.send(input) {
+            // The worker is gone; only a bug gets here, and the input is still counted.
+            let report = InputReport {
+                error: Some(InputError::Panicked {
+                    key: input.key.clone(),
+                    sequence: input.sequence,
+                    message: "the key's worker stopped".to_owned(),
+                }),
+                ..InputReport::default()
+            };
+            record(&mut summary, sink, &input, report, progress)?;
         }
         while let Ok((input, report)) = done_rx.try_recv() {
             record(&mut summary, sink, &input, report, progress)?;
@@ -110,14 +121,61 @@ async fn key_worker(
     permits: Arc<Semaphore>,
     done: mpsc::UnboundedSender<(Input, InputReport)>,
 ) {
+    let mut failed = None;
     while let Some(input) = queue.recv().await {
-        let Ok(permit) = permits.acquire().await else {
-            return;
+        let report = match failed {
+            Some(failed) => InputReport {
+                error: Some(InputError::Blocked {
+                    key: input.key.clone(),
+                    sequence: input.sequence,
+                    failed,
+                }),
+                ..InputReport::default()
+            },
+            None => {
+                let Ok(permit) = permits.acquire().await else {
+                    return;
+                };
+                let report = process_catching_panics(&agent, &input).await;
+                drop(permit);
+                report
+            }
         };
-        let report = agent.process(&input).await;
-        drop(permit);
+        if report.error.is_some() && failed.is_none() {
+            failed = Some(input.sequence);
+        }
         if done.send((input, report)).is_err() {
             return;
+        }
+    }
+}
+
+/// Processes `input` in its own task, so that a panic fails this input and not the run.
+async fn process_catching_panics(agent: &Arc<Agent>, input: &Input) -> InputReport {
+    let task = tokio::spawn({
+        let agent = Arc::clone(agent);
+        let input = input.clone();
+        async move { agent.process(&input).await }
+    });
+    match task.await {
+        Ok(report) => report,
+        Err(error) => {
+            let message = match error.try_into_panic() {
+                Ok(panic) => panic
+                    .downcast_ref::<&str>()
+                    .map(|s| (*s).to_owned())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "a panic without a message".to_owned()),
+                Err(error) => error.to_string(),
+            };
+            InputReport {
+                error: Some(InputError::Panicked {
+                    key: input.key.clone(),
+                    sequence: input.sequence,
+                    message,
+                }),
+                ..InputReport::default()
+            }
         }
     }
 }
@@ -139,13 +197,14 @@ fn record<W: Write>(
     summary.runs += report.runs;
     summary.reapplied += report.reapplied;
     summary.calls += report.calls;
+    let completed = report.error.is_none();
     match report.error {
         None => summary.completed += 1,
         Some(error) => {
             tracing::error!(key = %input.key, sequence = input.sequence, "input failed: {error}");
-            summary.failed.push(error.to_string());
+            summary.failed.push(error);
         }
     }
-    progress.finished();
+    progress.finished(input, completed);
     Ok(())
 }

@@ -21,7 +21,8 @@ pub struct Cli {
     /// More logging (-v: debug, -vv: trace). RUST_LOG overrides.
     #[arg(short, long, action = clap::ArgAction::Count, global = true)]
     pub verbose: u8,
-    /// Where compiled components are cached (default: $REWIND_CACHE_DIR, else ~/.cache/rewind).
+    /// Where compiled components are cached (default: $REWIND_CACHE_DIR, else
+    /// $XDG_CACHE_HOME/rewind, else ~/.cache/rewind).
     #[arg(long, global = true)]
     cache_dir: Option<PathBuf>,
 }

@@ -39,7 +39,7 @@ impl Progress for Bar {
     fn accepted(&self) {
         self.0.inc_length(1);
     }
-    fn finished(&self) {
+    fn finished(&self, _input: &rewind_host::event::Input, _completed: bool) {
         self.0.inc(1);
     }
 }
@@ -80,9 +80,11 @@ pub async fn run(args: RunArgs, sandbox: Sandbox) -> anyhow::Result<ExitCode> {
         ProgressBar::hidden()
     };
     let lines = input::read_lines(BufReader::new(reader));
-    let summary = run_inputs(Arc::clone(&agent), lines, &mut sink, &Bar(bar.clone())).await?;
+    let summary = run_inputs(Arc::clone(&agent), lines, &mut sink, &Bar(bar.clone())).await;
     bar.finish_and_clear();
+    // Whatever happened to the outputs, keep what was recorded.
     save_states(&args.state, &states_path, store.snapshot())?;
+    let summary = summary.context("writing the outputs")?;
     print_summary(&summary);
     Ok(
         if summary.failed.is_empty() && summary.malformed.is_empty() {

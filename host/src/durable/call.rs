@@ -80,8 +80,8 @@ pub enum Fault {
         idempotency_key: String,
         message: String,
     },
-    #[error("recording a durable call: {0}")]
-    Store(#[from] StoreError),
+    #[error("the store did not record {state}: {source}")]
+    Store { state: String, source: StoreError },
 }
 
 /// Counts of what one run's calls did.
@@ -163,31 +163,9 @@ impl DurableCalls {
             function: function.to_owned(),
             message: e.to_string(),
         })?;
-        let index = self.next;
 
-        if let Some(record) = self.state.calls.get(index) {
-            if record.function == function && record.args_digest == digest {
-                match &record.outcome {
-                    CallOutcome::Succeeded(result) => {
-                        self.next += 1;
-                        self.stats.replayed += 1;
-                        return Ok(Ok(result.clone()));
-                    }
-                    CallOutcome::Failed(error) => {
-                        self.next += 1;
-                        self.stats.replayed += 1;
-                        return Ok(Err(CallError::Failed(error.clone())));
-                    }
-                    // The call may or may not have run; under the default in-doubt policy
-                    // it runs again with the same idempotency key.
-                    CallOutcome::Pending => {}
-                }
-            } else {
-                self.diverge(index, record.clone(), function, digest)
-                    .await?;
-            }
-        }
-
+        // Refusals come first: a refused call takes no index, so it must not be compared
+        // with (or truncate) the record that the next granted call will be compared with.
         let Some(declared) = self.functions.get(function) else {
             return Ok(Err(CallError::UnknownFunction(format!(
                 "no function `{function}` is declared for agent `{}`",
@@ -200,6 +178,28 @@ impl DurableCalls {
                 self.state.key.action
             ))));
         }
+        let handler = Arc::clone(&declared.handler);
+
+        let index = self.next;
+        if let Some(record) = self.state.calls.get(index) {
+            if record.function == function && record.args_digest == digest {
+                let served = match &record.outcome {
+                    CallOutcome::Succeeded(result) => Some(Ok(result.clone())),
+                    CallOutcome::Failed(error) => Some(Err(CallError::Failed(error.clone()))),
+                    // The call may or may not have run; under the default in-doubt policy
+                    // it runs again with the same idempotency key.
+                    CallOutcome::Pending => None,
+                };
+                if let Some(served) = served {
+                    self.next += 1;
+                    self.stats.replayed += 1;
+                    return Ok(served);
+                }
+            } else {
+                self.diverge(index, record.clone(), function, digest)
+                    .await?;
+            }
+        }
 
         let key = idempotency_key(&self.state.key, index);
         let request = CallRequest {
@@ -207,9 +207,12 @@ impl DurableCalls {
             args,
             idempotency_key: &key,
         };
-        let outcome = match declared.handler.call(request).await {
-            Ok(result) => CallOutcome::Succeeded(result),
-            Err(FunctionError::Failed(error)) => CallOutcome::Failed(error),
+        let (outcome, result) = match handler.call(request).await {
+            Ok(value) => (CallOutcome::Succeeded(value.clone()), Ok(value)),
+            Err(FunctionError::Failed(error)) => (
+                CallOutcome::Failed(error.clone()),
+                Err(CallError::Failed(error)),
+            ),
             Err(FunctionError::Unavailable(message)) => {
                 return Err(Fault::Unavailable {
                     function: function.to_owned(),
@@ -218,22 +221,31 @@ impl DurableCalls {
                 });
             }
         };
-        let record = CallRecord {
+        self.state.calls.truncate(index);
+        self.state.calls.push(CallRecord {
             function: function.to_owned(),
             args_digest: digest,
             idempotency_key: key,
-            outcome: outcome.clone(),
-        };
-        self.state.calls.truncate(index);
-        self.state.calls.push(record);
-        self.state.version = self.store.put(self.state.clone()).await?;
+            outcome,
+        });
+        self.write().await?;
         self.next += 1;
         self.stats.live += 1;
-        Ok(match outcome {
-            CallOutcome::Succeeded(result) => Ok(result),
-            CallOutcome::Failed(error) => Err(CallError::Failed(error)),
-            CallOutcome::Pending => unreachable!("a finished call is never pending"),
-        })
+        Ok(result)
+    }
+
+    /// Writes the state as it is now; the guest sees nothing of it until this returns.
+    async fn write(&mut self) -> Result<(), Fault> {
+        match self.store.put(&self.state).await {
+            Ok(version) => {
+                self.state.version = version;
+                Ok(())
+            }
+            Err(source) => Err(Fault::Store {
+                state: self.state.key.to_string(),
+                source,
+            }),
+        }
     }
 
     async fn diverge(
@@ -266,7 +278,7 @@ impl DurableCalls {
                     recorded.function,
                 );
                 self.state.calls.truncate(index);
-                self.state.version = self.store.put(self.state.clone()).await?;
+                self.write().await?;
                 self.stats.truncated += dropped as u64;
                 Ok(())
             }
@@ -278,7 +290,7 @@ impl DurableCalls {
         // Records past the last call this run made belong to an older version of the run.
         self.state.calls.truncate(self.next);
         self.state.completion = Some(completion);
-        self.state.version = self.store.put(self.state.clone()).await?;
+        self.write().await?;
         Ok(self.state)
     }
 }

@@ -5,10 +5,14 @@ use crate::store::{Digest, StateKey};
 /// The digest of a call's args: of their canonical JSON (object keys sorted, no
 /// whitespace), so that `{"a":1,"b":2}` and `{ "b": 2, "a": 1 }` are the same call.
 pub fn args_digest(args: &str) -> Result<Digest, serde_json::Error> {
-    let value: serde_json::Value = serde_json::from_str(args)?;
+    Ok(Digest::of(&[canonical_json(args)?.as_bytes()]))
+}
+
+/// `json` with object keys sorted and no whitespace.
+fn canonical_json(json: &str) -> Result<String, serde_json::Error> {
     // serde_json's map is ordered by key (the `preserve_order` feature is off), so printing
     // the parsed value is canonical.
-    Ok(Digest::of(&[value.to_string().as_bytes()]))
+    serde_json::from_str::<serde_json::Value>(json).map(|value| value.to_string())
 }
 
 /// The idempotency key of the call at `index` of the state at `key`: the same on every
@@ -26,9 +30,13 @@ pub fn idempotency_key(key: &StateKey, index: usize) -> String {
     format!("rw-{}", &digest.to_string()[..32])
 }
 
-/// The trigger digest of an input's own event.
-pub fn input_trigger() -> Digest {
-    Digest::of(&[b"input"])
+/// The trigger digest of an input's own event, whose payload is `payload` (JSON text).
+///
+/// The payload is part of it, so that a different input under the same key and sequence
+/// (an edited input file run again) does not find the first input's records.
+pub fn input_trigger(payload: &str) -> Digest {
+    let canonical = canonical_json(payload).unwrap_or_else(|_| payload.to_owned());
+    Digest::of(&[b"input", canonical.as_bytes()])
 }
 
 /// The trigger digest of the `index`-th event sent by the action state at `parent`.

@@ -98,10 +98,6 @@ impl Functions {
         self.declared.get(name)
     }
 
-    pub fn contains(&self, name: &str) -> bool {
-        self.declared.contains_key(name)
-    }
-
     pub fn iter(&self) -> impl Iterator<Item = (&str, &Declared)> {
         self.declared.iter().map(|(k, v)| (k.as_str(), v))
     }

@@ -31,10 +31,6 @@ impl ComponentCache {
         std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cache").join("rewind"))
     }
 
-    pub fn dir(&self) -> Option<&Path> {
-        self.dir.as_deref()
-    }
-
     /// The compiled form of `wasm`: from the cache when it holds one this engine can run,
     /// else compiled now and stored. A cache that cannot be written only costs speed.
     pub fn component(&self, engine: &Engine, wasm: &[u8]) -> wasmtime::Result<Component> {
@@ -67,7 +63,9 @@ fn cache_key(engine: &Engine, wasm: &[u8]) -> String {
 }
 
 fn store_atomically(dir: &Path, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    std::fs::create_dir_all(dir)?;
+    // Compiled code is trusted: only this user may write where it is kept.
+    std::os::unix::fs::DirBuilderExt::mode(std::fs::DirBuilder::new().recursive(true), 0o700)
+        .create(dir)?;
     let temp = tempfile_in(dir)?;
     std::fs::write(&temp, bytes)?;
     std::fs::rename(&temp, path)

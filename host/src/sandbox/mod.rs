@@ -106,6 +106,7 @@ impl SandboxBuilder {
             engine,
             linker,
             cache: self.cache,
+            instances: self.instances,
             max_memory_mib: self.max_memory_mib,
         })
     }
@@ -116,6 +117,7 @@ pub struct Sandbox {
     engine: Engine,
     linker: Linker<RunState>,
     cache: ComponentCache,
+    instances: u32,
     max_memory_mib: u32,
 }
 
@@ -131,6 +133,11 @@ impl fmt::Debug for Sandbox {
 impl Sandbox {
     pub fn builder() -> SandboxBuilder {
         SandboxBuilder::default()
+    }
+
+    /// Runs that may be live at once here.
+    pub fn instances(&self) -> u32 {
+        self.instances
     }
 
     /// The highest memory ceiling a run may have here.
@@ -222,13 +229,6 @@ impl Sandbox {
 pub struct ActionComponent {
     origin: String,
     pre: ActionPre<RunState>,
-}
-
-impl ActionComponent {
-    /// Where it came from (its path).
-    pub fn origin(&self) -> &str {
-        &self.origin
-    }
 }
 
 impl fmt::Debug for ActionComponent {

@@ -43,9 +43,8 @@ pub struct RunInput {
 #[derive(Debug)]
 pub struct RunOutput {
     pub result: Result<(), RunError>,
-    /// The run's calls, to complete the action state with. `None` when the run was stopped
-    /// at its timeout and its store dropped.
-    pub durable: Option<DurableCalls>,
+    /// The run's calls, to complete the action state with.
+    pub durable: DurableCalls,
     pub sent: Vec<Event>,
     pub memory: Vec<MemoryWrite>,
 }
@@ -64,6 +63,9 @@ pub enum RunError {
     Fault(Fault),
     #[error("the component could not be instantiated: {0}")]
     Instantiate(String),
+    /// The host could not set up the run (a bug in the host, not in the action).
+    #[error("the host could not set up the run: {0}")]
+    Host(String),
 }
 
 /// The data of one run's store: the guest's view of the host.
@@ -123,8 +125,8 @@ pub(super) async fn run(engine: &Engine, pre: &ActionPre<RunState>, input: RunIn
         .and_then(|()| store.fuel_async_yield_interval(Some(FUEL_PER_YIELD)))
     {
         return RunOutput {
-            result: Err(RunError::Instantiate(format!("{e:#}"))),
-            durable: Some(store.into_data().durable),
+            result: Err(RunError::Host(format!("setting the run's fuel: {e:#}"))),
+            durable: store.into_data().durable,
             sent: Vec::new(),
             memory: Vec::new(),
         };
@@ -165,7 +167,7 @@ pub(super) async fn run(engine: &Engine, pre: &ActionPre<RunState>, input: RunIn
     log_output(&state);
     RunOutput {
         result,
-        durable: Some(state.durable),
+        durable: state.durable,
         sent: state.sent,
         memory: state.writes,
     }
@@ -199,13 +201,20 @@ fn classify(
 
 fn log_output(state: &RunState) {
     let labels = &state.labels;
-    for (stream, bytes) in [
-        ("stdout", state.wasi.stdout.contents()),
-        ("stderr", state.wasi.stderr.contents()),
+    for (stream, capture) in [
+        ("stdout", &state.wasi.stdout),
+        ("stderr", &state.wasi.stderr),
     ] {
-        for line in String::from_utf8_lossy(&bytes).lines() {
+        let captured = capture.take();
+        for line in String::from_utf8_lossy(&captured.bytes).lines() {
             tracing::info!(target: "rewind::guest", agent = %labels.agent, key = %labels.key,
                 sequence = labels.sequence, action = %labels.action, stream, "{line}");
+        }
+        if captured.dropped > 0 {
+            tracing::warn!(target: "rewind::guest", agent = %labels.agent, key = %labels.key,
+                sequence = labels.sequence, action = %labels.action, stream,
+                "{} more bytes dropped: a run keeps {} bytes of each stream",
+                captured.dropped, super::wasi::CAPTURE_BYTES);
         }
     }
 }

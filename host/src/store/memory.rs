@@ -85,11 +85,6 @@ impl InMemoryStore {
                 .insert(state.key.clone(), Cached { state, offset });
         }
     }
-
-    /// Number of records in the log, over all partitions (for tests and inspection).
-    pub fn log_len(&self) -> usize {
-        self.lock().partitions.iter().map(Vec::len).sum()
-    }
 }
 
 fn partition_count(inner: &Inner) -> u32 {
@@ -102,9 +97,12 @@ fn offset_of(len: usize) -> u64 {
 
 #[async_trait]
 impl ActionStateStore for InMemoryStore {
-    async fn put(&self, mut state: ActionState) -> Result<Version, StoreError> {
+    async fn put(&self, state: &ActionState) -> Result<Version, StoreError> {
         let version = self.next_version.fetch_add(1, Ordering::Relaxed);
-        state.version = version;
+        let state = ActionState {
+            version,
+            ..state.clone()
+        };
         let mut inner = self.lock();
         let partition = state.key.scope.partition(partition_count(&inner)) as usize;
         let log = &mut inner.partitions[partition];

@@ -44,10 +44,9 @@ pub enum StoreError {
         start: u64,
         end: u64,
     },
-    #[error("the log refused the write of {key}: {message}")]
-    Write { key: String, message: String },
-    #[error("store backend: {0}")]
-    Backend(String),
+    /// The log did not acknowledge a write or a read (disk full, server gone, ...).
+    #[error("the log is unavailable: {0}")]
+    Unavailable(String),
 }
 
 /// A cached action-state store over a durable log.
@@ -56,7 +55,7 @@ pub enum StoreError {
 /// in flight, and an action state belongs to one run. Different keys are written concurrently.
 #[async_trait]
 pub trait ActionStateStore: Send + Sync + std::fmt::Debug {
-    /// Makes `state` the newest version of the state at `state.key`, and returns the version
+    /// Makes a copy of `state` the newest version of the state at `state.key`, and returns the version
     /// the store gave it (greater than every version it gave before; `state.version` is
     /// ignored).
     ///
@@ -64,7 +63,7 @@ pub trait ActionStateStore: Send + Sync + std::fmt::Debug {
     /// it. On `Err` the cache is unchanged; the write may still have reached the log (an
     /// acknowledgement can be lost), which is harmless because a later write of the same key
     /// carries a higher version.
-    async fn put(&self, state: ActionState) -> Result<Version, StoreError>;
+    async fn put(&self, state: &ActionState) -> Result<Version, StoreError>;
 
     /// The newest version of the state at `key`, from the cache; `None` when there is none
     /// or it was pruned. Never reads the log.

@@ -1,14 +1,32 @@
 //! Durable-call semantics (DESIGN.md, "The durable call").
+//!
+//! A run is interrupted the way a crash interrupts it: a function `gate` is unavailable the
+//! first time (the run ends, nothing about that call is recorded), and the input is then
+//! processed again, as recovery would.
 
 use std::sync::Arc;
 
-use rewind_host::store::{ActionStateStore, CallOutcome, InMemoryStore, KeyScope};
-use serde_json::json;
+use async_trait::async_trait;
+use rewind_host::durable::digest::input_trigger;
+use rewind_host::store::{
+    ActionState, ActionStateStore, CallOutcome, InMemoryStore, KeyScope, Marker, StateKey,
+    StoreError, Version,
+};
+use serde_json::{Value, json};
 
-use crate::support::{Counting, agent_toml, agent_with, first_output, input, memory_store};
+use crate::support::{
+    Counting, agent_file, agent_toml, agent_with, first_output, input, memory_store, sandbox,
+};
 
-fn call(function: &str, args: serde_json::Value) -> serde_json::Value {
+fn call(function: &str, args: Value) -> Value {
     json!({ "function": function, "args": args })
+}
+
+/// A script whose last call is the gate.
+fn gated(calls: &[Value]) -> Value {
+    let mut calls = calls.to_vec();
+    calls.push(call("gate", json!({})));
+    json!({ "calls": calls })
 }
 
 fn recorded_calls(store: &InMemoryStore, key: &str) -> Vec<(String, CallOutcome)> {
@@ -20,46 +38,43 @@ fn recorded_calls(store: &InMemoryStore, key: &str) -> Vec<(String, CallOutcome)
         .collect()
 }
 
+/// Moves the state recorded for input `from` to input `to` of the same key and sequence:
+/// as if `to`'s run had been recorded by another version of the action.
+async fn rekey(store: &InMemoryStore, sequence: u64, from: &Value, to: &Value) {
+    let key = |payload: &Value| StateKey {
+        scope: KeyScope::new("default", "test", "k"),
+        sequence,
+        action: "work".to_owned(),
+        trigger: input_trigger(&payload.to_string()),
+    };
+    let mut state = store.get(&key(from)).expect("a recorded state");
+    state.key = key(to);
+    store.put(&state).await.expect("put");
+}
+
 #[tokio::test]
 async fn a_miss_runs_the_function_once_and_a_hit_serves_the_record() {
     let store = memory_store();
-    let count = Counting::new();
+    let (count, gate) = (Counting::new(), Counting::unavailable_first(1));
     let agent = agent_with(
         &agent_toml("caller", "", ""),
         store.clone(),
-        &[("count", count.clone())],
+        &[("count", count.clone()), ("gate", gate.clone())],
     );
+    let payload = gated(&[call("count", json!({"x": 1}))]);
 
-    // The action makes its call, then fails: the call is recorded, the action is not complete.
-    let first = agent
-        .process(&input(
-            "k",
-            1,
-            json!({ "calls": [call("count", json!({"x": 1}))], "fail": "crash after the call" }),
-        ))
-        .await;
+    let first = agent.process(&input("k", 1, payload.clone())).await;
+    let error = first.error.expect("the outage ends the run").to_string();
     assert!(
-        first
-            .error
-            .as_ref()
-            .is_some_and(|e| e.to_string().contains("crash after the call")),
-        "{first:?}"
+        error.contains("`gate`") && error.contains("the service is down"),
+        "{error}"
     );
-    assert_eq!(count.calls(), 1);
-    assert_eq!(first.calls.live, 1);
+    assert_eq!((count.calls(), first.calls.live), (1, 1));
 
-    // Running the input again serves the call from its record.
-    let second = agent
-        .process(&input(
-            "k",
-            1,
-            json!({ "calls": [call("count", json!({"x": 1}))] }),
-        ))
-        .await;
+    let second = agent.process(&input("k", 1, payload)).await;
     assert!(second.error.is_none(), "{second:?}");
     assert_eq!(count.calls(), 1, "a hit must not run the function");
-    assert_eq!(second.calls.replayed, 1);
-    assert_eq!(second.calls.live, 0);
+    assert_eq!((second.calls.replayed, second.calls.live), (1, 1));
     assert_eq!(
         first_output(&second)["results"][0]["ok"]["n"],
         1,
@@ -100,74 +115,109 @@ async fn a_completed_action_is_not_run_again_and_its_outputs_are_reapplied() {
 }
 
 #[tokio::test]
-async fn divergence_truncates_the_records_and_runs_live_by_default() {
+async fn another_input_under_the_same_key_and_sequence_does_not_get_the_first_ones_records() {
     let store = memory_store();
     let count = Counting::new();
-    let other = Counting::new();
     let agent = agent_with(
         &agent_toml("caller", "", ""),
         store.clone(),
-        &[("count", count.clone()), ("other", other.clone())],
-    );
-    let first = agent
-        .process(&input(
-            "k",
-            1,
-            json!({
-                "calls": [call("count", json!({"i": 0})), call("count", json!({"i": 1}))],
-                "fail": "stop"
-            }),
-        ))
-        .await;
-    assert!(first.error.is_some());
-    assert_eq!(count.calls(), 2);
-
-    // The replay agrees on call 0 and differs at call 1.
-    let second = agent
-        .process(&input(
-            "k",
-            1,
-            json!({
-                "calls": [call("count", json!({"i": 0})), call("other", json!({"y": true}))]
-            }),
-        ))
-        .await;
-    assert!(second.error.is_none(), "{second:?}");
-    assert_eq!(count.calls(), 2, "call 0 is served from its record");
-    assert_eq!(other.calls(), 1, "the diverging call runs live");
-    assert_eq!(second.calls.truncated, 1);
-    let functions: Vec<String> = recorded_calls(&store, "k")
-        .into_iter()
-        .map(|(f, _)| f)
-        .collect();
-    assert_eq!(functions, ["count", "other"]);
-}
-
-#[tokio::test]
-async fn divergence_under_fail_fails_the_run_naming_both_calls() {
-    let store = memory_store();
-    let count = Counting::new();
-    let other = Counting::new();
-    let agent = agent_with(
-        &agent_toml("caller", "divergence = \"fail\"", ""),
-        store.clone(),
-        &[("count", count.clone()), ("other", other.clone())],
+        &[("count", count.clone())],
     );
     agent
         .process(&input(
             "k",
             1,
-            json!({ "calls": [call("count", json!({}))], "fail": "stop" }),
+            json!({ "calls": [call("count", json!({"order": "A1"}))] }),
         ))
         .await;
-    let second = agent
+    let edited = agent
         .process(&input(
             "k",
             1,
-            json!({ "calls": [call("other", json!({}))] }),
+            json!({ "calls": [call("count", json!({"order": "B2"}))] }),
         ))
         .await;
-    let error = second.error.expect("the run fails").to_string();
+    assert_eq!((edited.runs, edited.reapplied), (1, 0), "{edited:?}");
+    assert_eq!(count.calls(), 2);
+    assert_eq!(
+        first_output(&edited)["results"][0]["ok"]["args"]["order"],
+        "B2"
+    );
+}
+
+#[tokio::test]
+async fn divergence_truncates_the_records_and_runs_live_by_default() {
+    let store = memory_store();
+    let (count, other, gate) = (
+        Counting::new(),
+        Counting::new(),
+        Counting::unavailable_first(1),
+    );
+    let agent = agent_with(
+        &agent_toml("caller", "", ""),
+        store.clone(),
+        &[
+            ("count", count.clone()),
+            ("other", other.clone()),
+            ("gate", gate.clone()),
+        ],
+    );
+    let old = gated(&[
+        call("count", json!({"i": 0})),
+        call("count", json!({"i": 1})),
+    ]);
+    agent.process(&input("k", 1, old.clone())).await;
+    assert_eq!(count.calls(), 2);
+
+    // The new version of the action agrees on call 0 and makes another call 1.
+    let new = gated(&[
+        call("count", json!({"i": 0})),
+        call("other", json!({"y": true})),
+    ]);
+    rekey(&store, 1, &old, &new).await;
+    let report = agent.process(&input("k", 1, new.clone())).await;
+    assert!(report.error.is_none(), "{report:?}");
+    assert_eq!(count.calls(), 2, "call 0 is served from its record");
+    assert_eq!(other.calls(), 1, "the diverging call runs live");
+    assert_eq!(report.calls.truncated, 1);
+    let state = store.get(&StateKey {
+        scope: KeyScope::new("default", "test", "k"),
+        sequence: 1,
+        action: "work".to_owned(),
+        trigger: input_trigger(&new.to_string()),
+    });
+    let functions: Vec<String> = state
+        .expect("state")
+        .calls
+        .into_iter()
+        .map(|c| c.function)
+        .collect();
+    assert_eq!(functions, ["count", "other", "gate"]);
+}
+
+#[tokio::test]
+async fn divergence_under_fail_fails_the_run_naming_both_calls() {
+    let store = memory_store();
+    let (count, other, gate) = (
+        Counting::new(),
+        Counting::new(),
+        Counting::unavailable_first(1),
+    );
+    let agent = agent_with(
+        &agent_toml("caller", "divergence = \"fail\"", ""),
+        store.clone(),
+        &[
+            ("count", count.clone()),
+            ("other", other.clone()),
+            ("gate", gate.clone()),
+        ],
+    );
+    let old = gated(&[call("count", json!({}))]);
+    agent.process(&input("k", 1, old.clone())).await;
+    let new = gated(&[call("other", json!({}))]);
+    rekey(&store, 1, &old, &new).await;
+    let report = agent.process(&input("k", 1, new)).await;
+    let error = report.error.expect("the run fails").to_string();
     assert!(error.contains("divergence at call 0"), "{error}");
     assert!(
         error.contains("`count`") && error.contains("`other`"),
@@ -178,46 +228,76 @@ async fn divergence_under_fail_fails_the_run_naming_both_calls() {
         0,
         "nothing runs after a divergence under `fail`"
     );
-    assert_eq!(recorded_calls(&store, "k").len(), 1, "the record is kept");
+}
+
+#[tokio::test]
+async fn a_function_can_override_the_agents_divergence_policy() {
+    let store = memory_store();
+    let (count, other, gate) = (
+        Counting::new(),
+        Counting::new(),
+        Counting::unavailable_first(1),
+    );
+    let toml = agent_toml(
+        "caller",
+        "",
+        "[functions.other]\nkind = \"custom\"\ndivergence = \"fail\"\n",
+    );
+    let agent = agent_with(
+        &toml,
+        store.clone(),
+        &[
+            ("count", count.clone()),
+            ("other", other.clone()),
+            ("gate", gate.clone()),
+        ],
+    );
+    let old = gated(&[call("count", json!({}))]);
+    agent.process(&input("k", 1, old.clone())).await;
+    let new = gated(&[call("other", json!({}))]);
+    rekey(&store, 1, &old, &new).await;
+    let report = agent.process(&input("k", 1, new)).await;
+    let error = report
+        .error
+        .expect("`other` fails on divergence")
+        .to_string();
+    assert!(error.contains("divergence at call 0"), "{error}");
 }
 
 #[tokio::test]
 async fn a_recorded_failure_is_replayed_as_the_same_failure() {
     let store = memory_store();
-    let flaky = Counting::failing("the payment was declined");
+    let (pay, gate) = (
+        Counting::failing("the payment was declined"),
+        Counting::unavailable_first(1),
+    );
     let agent = agent_with(
         &agent_toml("caller", "", ""),
         store.clone(),
-        &[("pay", flaky.clone())],
+        &[("pay", pay.clone()), ("gate", gate.clone())],
     );
-    let script = |fail: bool| {
-        let mut payload = json!({ "calls": [call("pay", json!({"amount": 5}))] });
-        if fail {
-            payload["fail"] = json!("stop");
-        }
-        payload
-    };
-    agent.process(&input("k", 1, script(true))).await;
-    let second = agent.process(&input("k", 1, script(false))).await;
+    let payload = gated(&[call("pay", json!({"amount": 5}))]);
+    agent.process(&input("k", 1, payload.clone())).await;
+    let second = agent.process(&input("k", 1, payload)).await;
     assert!(second.error.is_none(), "{second:?}");
-    assert_eq!(flaky.calls(), 1, "a recorded failure is not retried");
+    assert_eq!(pay.calls(), 1, "a recorded failure is not retried");
     assert_eq!(
         first_output(&second)["results"][0],
         json!({ "error": { "failed": "the payment was declined" } })
     );
     assert_eq!(
-        recorded_calls(&store, "k"),
-        [(
+        recorded_calls(&store, "k")[0],
+        (
             "pay".to_owned(),
             CallOutcome::Failed("the payment was declined".to_owned())
-        )]
+        )
     );
 }
 
 #[tokio::test]
-async fn denied_and_unknown_function_calls_are_not_recorded() {
+async fn denied_and_unknown_function_calls_are_not_recorded_and_replay_cleanly() {
     let store = memory_store();
-    let count = Counting::new();
+    let (count, gate) = (Counting::new(), Counting::unavailable_first(1));
     let toml = agent_toml(
         "caller",
         "",
@@ -226,12 +306,32 @@ async fn denied_and_unknown_function_calls_are_not_recorded() {
             crate::support::guest("caller").display().to_string()
         ),
     );
-    let agent = agent_with(&toml, store.clone(), &[("count", count.clone())]);
-    let report = agent
-        .process(&input("k", 1, json!({
-            "calls": [call("nope", json!({})), call("charge", json!({})), call("count", json!({}))]
-        })))
-        .await;
+    let agent = agent_with(
+        &toml,
+        store.clone(),
+        &[("count", count.clone()), ("gate", gate.clone())],
+    );
+    let payload = gated(&[
+        call("nope", json!({})),
+        call("charge", json!({})),
+        call("count", json!({})),
+    ]);
+    let first = agent.process(&input("k", 1, payload.clone())).await;
+    assert!(first.error.is_some(), "the outage ends the first run");
+    let functions = |store: &InMemoryStore| -> Vec<String> {
+        recorded_calls(store, "k")
+            .into_iter()
+            .map(|(f, _)| f)
+            .collect()
+    };
+    assert_eq!(
+        functions(&store),
+        ["count"],
+        "only the call that ran is recorded, at index 0"
+    );
+
+    // The replay makes the same refused calls first: they must not disturb the record.
+    let report = agent.process(&input("k", 1, payload)).await;
     assert!(report.error.is_none(), "{report:?}");
     let results = first_output(&report)["results"].clone();
     assert!(
@@ -247,15 +347,12 @@ async fn denied_and_unknown_function_calls_are_not_recorded() {
         "{results}"
     );
     assert_eq!(results[2]["ok"]["n"], 1);
-    let recorded: Vec<String> = recorded_calls(&store, "k")
-        .into_iter()
-        .map(|(f, _)| f)
-        .collect();
     assert_eq!(
-        recorded,
-        ["count"],
-        "only the call that ran is recorded, at index 0"
+        count.calls(),
+        1,
+        "the recorded call is served, not run again"
     );
+    assert_eq!(functions(&store), ["count", "gate"]);
 }
 
 #[tokio::test]
@@ -289,26 +386,60 @@ async fn the_idempotency_key_is_the_same_when_a_lost_record_makes_the_call_run_a
     );
 }
 
+/// A store whose log acknowledges nothing.
+#[derive(Debug, Default)]
+struct Refusing(InMemoryStore);
+
+#[async_trait]
+impl ActionStateStore for Refusing {
+    async fn put(&self, _state: &ActionState) -> Result<Version, StoreError> {
+        Err(StoreError::Unavailable("disk full".to_owned()))
+    }
+    fn get(&self, key: &StateKey) -> Option<ActionState> {
+        self.0.get(key)
+    }
+    fn states(&self, scope: &KeyScope) -> Vec<ActionState> {
+        self.0.states(scope)
+    }
+    fn scopes(&self) -> Vec<KeyScope> {
+        self.0.scopes()
+    }
+    async fn prune(&self, scope: &KeyScope, up_to: u64) -> Result<(), StoreError> {
+        self.0.prune(scope, up_to).await
+    }
+    async fn marker(&self) -> Result<Marker, StoreError> {
+        self.0.marker().await
+    }
+    async fn rebuild(&self, marker: &Marker) -> Result<(), StoreError> {
+        self.0.rebuild(marker).await
+    }
+}
+
 #[tokio::test]
-async fn the_store_acknowledges_a_record_before_the_guest_sees_the_result() {
-    // The action fails right after its call returns: the record must already be there.
-    let store = memory_store();
+async fn the_guest_never_sees_a_result_the_store_did_not_acknowledge() {
     let count = Counting::new();
     let agent = agent_with(
         &agent_toml("caller", "", ""),
-        store.clone(),
+        Arc::new(Refusing::default()),
         &[("count", count.clone())],
     );
-    agent
+    let report = agent
         .process(&input(
             "k",
             1,
-            json!({ "calls": [call("count", json!({}))], "fail": "right after" }),
+            json!({ "calls": [call("count", json!({}))] }),
         ))
         .await;
-    let recorded = recorded_calls(&store, "k");
-    assert_eq!(recorded.len(), 1);
-    assert!(matches!(recorded[0].1, CallOutcome::Succeeded(_)));
+    let error = report.error.expect("the run fails").to_string();
+    assert!(
+        error.contains("did not record") && error.contains("disk full"),
+        "{error}"
+    );
+    assert_eq!(count.calls(), 1);
+    assert!(
+        report.outputs.is_empty(),
+        "the action must not go on with an unrecorded result"
+    );
 }
 
 /// A clock stuck at one instant.
@@ -326,27 +457,23 @@ async fn time_is_recorded_like_any_call_and_replayed_unchanged() {
     use std::time::{Duration, UNIX_EPOCH};
 
     let store = memory_store();
-    let toml = agent_toml("caller", "", "[functions.now]\nkind = \"time\"\n");
+    let gate = Counting::unavailable_first(1);
+    let toml = format!(
+        "{}\n[functions.gate]\nkind = \"custom\"\n",
+        agent_toml("caller", "", "[functions.now]\nkind = \"time\"\n")
+    );
     let at = |ms: u64| {
-        rewind_host::agent::Agent::builder(
-            crate::support::agent_file(&toml),
-            crate::support::sandbox(),
-        )
-        .store(store.clone())
-        .clock(Arc::new(Fixed(UNIX_EPOCH + Duration::from_millis(ms))))
-        .build()
-        .expect("agent")
+        rewind_host::agent::Agent::builder(agent_file(&toml), sandbox())
+            .store(store.clone())
+            .function("gate", gate.clone())
+            .clock(Arc::new(Fixed(UNIX_EPOCH + Duration::from_millis(ms))))
+            .build()
+            .expect("agent")
     };
-    let script = |fail: bool| {
-        let mut payload = json!({ "calls": [call("now", json!({}))] });
-        if fail {
-            payload["fail"] = json!("stop");
-        }
-        payload
-    };
-    at(1_000).process(&input("k", 1, script(true))).await;
+    let payload = gated(&[call("now", json!({}))]);
+    at(1_000).process(&input("k", 1, payload.clone())).await;
     // Later, with the clock moved on, the replay still sees the time the first run saw.
-    let replay = at(9_999_000).process(&input("k", 1, script(false))).await;
+    let replay = at(9_999_000).process(&input("k", 1, payload)).await;
     assert!(replay.error.is_none(), "{replay:?}");
     assert_eq!(
         first_output(&replay)["results"][0]["ok"],

@@ -247,3 +247,24 @@ async fn the_support_example_calls_each_function_once_across_runs() {
     let recorded: Value = serde_json::from_slice(&inspect.stdout).expect("JSON");
     assert!(recorded.as_object().is_some_and(|keys| !keys.is_empty()));
 }
+
+#[test]
+fn an_unknown_function_kind_and_a_custom_function_without_handler_are_named() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let input = write(dir.path(), "in.jsonl", "");
+    let agent = caller_agent(dir.path(), "[functions.search]\nkind = \"grpc\"\n");
+    let stderr = text(&run(dir.path(), &agent, &input).stderr);
+    assert!(
+        stderr.contains("grpc") && stderr.contains("agent.toml"),
+        "{stderr}"
+    );
+
+    let agent = caller_agent(dir.path(), "[functions.search]\nkind = \"custom\"\n");
+    let out = run(dir.path(), &agent, &input);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr.contains("function `search`") && stderr.contains("no handler"),
+        "{stderr}"
+    );
+}

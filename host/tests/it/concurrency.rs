@@ -41,6 +41,7 @@ async fn a_thousand_inputs_over_fifty_keys_keep_per_key_order_and_each_output_ap
         (1000, 1000, 1000),
         "{summary:?}"
     );
+    assert_eq!(summary.duplicates, 0, "no input produced its output twice");
 
     let written = String::from_utf8(sink.into_inner()).expect("utf-8");
     let mut ids = BTreeSet::new();
@@ -63,4 +64,45 @@ async fn a_thousand_inputs_over_fifty_keys_keep_per_key_order_and_each_output_ap
         }
     }
     assert_eq!(ids.len(), 1000);
+}
+
+#[tokio::test]
+async fn a_failed_input_blocks_the_later_inputs_of_its_key_only() {
+    let agent = Arc::new(agent_with(
+        &agent_toml("caller", "", ""),
+        memory_store(),
+        &[],
+    ));
+    let line = |n: usize, key: &str, payload: Value| {
+        Ok(InputLine {
+            line: n,
+            key: key.to_owned(),
+            payload: payload.to_string(),
+        })
+    };
+    let lines = vec![
+        line(1, "a", json!({})),
+        line(2, "a", json!({ "fail": "the model refused" })),
+        line(3, "a", json!({})),
+        line(4, "b", json!({})),
+    ];
+    let mut sink = JsonlSink::new(Vec::new());
+    let summary = run_inputs(agent, lines.into_iter(), &mut sink, &())
+        .await
+        .expect("run");
+    assert_eq!(summary.completed, 2, "a #1 and b #1: {summary:?}");
+    let failures: Vec<String> = summary.failed.iter().map(ToString::to_string).collect();
+    assert_eq!(failures.len(), 2, "{failures:?}");
+    assert!(
+        failures
+            .iter()
+            .any(|f| f.contains("a #2") && f.contains("the model refused")),
+        "{failures:?}"
+    );
+    assert!(
+        failures
+            .iter()
+            .any(|f| f.contains("a #3") && f.contains("input #2 of this key failed")),
+        "{failures:?}"
+    );
 }

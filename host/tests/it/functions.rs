@@ -193,15 +193,16 @@ async fn http_times_out_and_records_nothing() {
 #[tokio::test]
 async fn http_non_2xx_is_a_recorded_failure_with_status_and_body() {
     let (addr, seen) = serve().await;
+    let gate = crate::support::Counting::unavailable_first(1);
     let toml = agent_toml("caller", "", &http_function(addr, "missing", ""));
     let store = memory_store();
-    let agent = agent_with(&toml, store.clone(), &[]);
-    let mut payload = call_tool(json!({ "order": "Z9" }));
-    payload["fail"] = json!("stop");
-    agent.process(&input("k", 1, payload)).await;
-    let report = agent
-        .process(&input("k", 1, call_tool(json!({ "order": "Z9" }))))
-        .await;
+    let agent = agent_with(&toml, store.clone(), &[("gate", gate)]);
+    let payload = json!({ "calls": [
+        { "function": "tool", "args": { "order": "Z9" } },
+        { "function": "gate", "args": {} },
+    ] });
+    agent.process(&input("k", 1, payload.clone())).await;
+    let report = agent.process(&input("k", 1, payload)).await;
     assert!(report.error.is_none(), "{report:?}");
     let failure = first_output(&report)["results"][0]["error"]["failed"]
         .as_str()

@@ -103,6 +103,9 @@ async fn a_guest_cannot_open_sockets() {
         output.get("connected").is_none() && output["error"].is_string(),
         "{output}"
     );
+    let accepted =
+        tokio::time::timeout(std::time::Duration::from_millis(100), listener.accept()).await;
+    assert!(accepted.is_err(), "the guest reached the listener");
 }
 
 #[tokio::test]
@@ -155,7 +158,20 @@ fn a_component_without_the_run_export_is_refused() {
     );
 }
 
-#[tokio::test]
+/// Remembers the order inputs finished in.
+#[derive(Default)]
+struct Order(std::sync::Mutex<Vec<(String, bool)>>);
+
+impl rewind_host::agent::Progress for Order {
+    fn finished(&self, input: &rewind_host::event::Input, completed: bool) {
+        self.0
+            .lock()
+            .expect("lock")
+            .push((input.key.clone(), completed));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn other_keys_keep_running_while_one_key_spins() {
     let toml = agent_toml(
         "hostile",
@@ -176,17 +192,22 @@ async fn other_keys_keep_running_while_one_key_spins() {
         }));
     }
     let mut sink = JsonlSink::new(Vec::new());
-    let summary = run_inputs(agent, lines.into_iter(), &mut sink, &())
+    let order = Order::default();
+    let summary = run_inputs(agent, lines.into_iter(), &mut sink, &order)
         .await
         .expect("run");
     assert_eq!(summary.completed, 20, "{summary:?}");
-    assert_eq!(summary.failed.len(), 1, "{summary:?}");
+    let failure = summary.failed[0].to_string();
     assert!(
-        summary.failed[0].contains("spinner") && summary.failed[0].contains("timeout-ms"),
-        "{summary:?}"
+        failure.contains("spinner") && failure.contains("timeout-ms"),
+        "{failure}"
     );
-    let written = String::from_utf8(sink.into_inner()).expect("utf-8");
-    assert_eq!(written.lines().count(), 20);
+    let order = order.0.into_inner().expect("lock");
+    assert_eq!(
+        order.last(),
+        Some(&("spinner".to_owned(), false)),
+        "every other input finished while the spinner was still running: {order:?}"
+    );
 }
 
 /// Collects what tracing writes, for the test that reads the guest's output from the log.
@@ -239,4 +260,59 @@ async fn guest_stdout_and_stderr_go_to_the_log_with_the_run_named() {
             assert!(line.contains(field), "`{field}` missing from: {line}");
         }
     }
+}
+
+#[test]
+fn a_compiled_component_is_cached_on_disk_and_a_broken_cache_file_is_recompiled() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sandbox = rewind_host::sandbox::Sandbox::builder()
+        .cache_dir(Some(dir.path().to_owned()))
+        .instances(4)
+        .build()
+        .expect("sandbox");
+    let cached = || -> Vec<std::path::PathBuf> {
+        std::fs::read_dir(dir.path())
+            .expect("cache dir")
+            .map(|e| e.expect("entry").path())
+            .filter(|p| p.extension().is_some_and(|e| e == "cwasm"))
+            .collect()
+    };
+    let noop = crate::support::guest("noop");
+
+    sandbox.load_file(&noop).expect("loads");
+    let files = cached();
+    assert_eq!(files.len(), 1, "one precompiled file per component");
+    // An old mtime, so that a rewrite would show even with coarse timestamps.
+    let old = std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000);
+    std::fs::File::options()
+        .write(true)
+        .open(&files[0])
+        .and_then(|f| f.set_modified(old))
+        .expect("set mtime");
+    let written = std::fs::metadata(&files[0])
+        .expect("meta")
+        .modified()
+        .expect("mtime");
+    sandbox.load_file(&noop).expect("loads from the cache");
+    let again = std::fs::metadata(&files[0])
+        .expect("meta")
+        .modified()
+        .expect("mtime");
+    assert_eq!(written, again, "a cached component is not compiled again");
+
+    std::fs::write(&files[0], b"not a compiled component").expect("corrupt");
+    sandbox
+        .load_file(&noop)
+        .expect("a broken cache file is recompiled");
+    assert!(
+        std::fs::metadata(&files[0]).expect("meta").len() > 1024,
+        "and replaced"
+    );
+}
+
+#[tokio::test]
+async fn a_guest_that_prints_more_than_is_kept_is_not_stopped() {
+    let report = hostile("flood", "").await;
+    assert!(report.error.is_none(), "{report:?}");
+    assert_eq!(first_output(&report)["printed"], 262_144);
 }

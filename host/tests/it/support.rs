@@ -96,13 +96,20 @@ pub fn agent_file(toml: &str) -> AgentFile {
     AgentFile::parse(Path::new("agent.toml"), toml).expect("valid agent.toml")
 }
 
-/// Loads `toml` with `store` and the given custom functions.
+/// Loads `toml` with `store` and the given custom functions, declaring each of them
+/// (`kind = "custom"`) unless `toml` already does.
 pub fn agent_with(
     toml: &str,
     store: Arc<dyn ActionStateStore>,
     functions: &[(&str, Arc<dyn Function>)],
 ) -> Agent {
-    let mut builder = Agent::builder(agent_file(toml), sandbox()).store(store);
+    let mut toml = toml.to_owned();
+    for (name, _) in functions {
+        if !toml.contains(&format!("[functions.{name}]")) {
+            toml.push_str(&format!("\n[functions.{name}]\nkind = \"custom\"\n"));
+        }
+    }
+    let mut builder = Agent::builder(agent_file(&toml), sandbox()).store(store);
     for (name, function) in functions {
         builder = builder.function(*name, Arc::clone(function));
     }
@@ -127,7 +134,10 @@ pub struct Counting {
     calls: AtomicU64,
     keys: Mutex<Vec<String>>,
     /// When set, every call fails with this message.
-    pub fail_with: Option<String>,
+    fail_with: Option<String>,
+    /// Calls answered "unavailable" before the function starts answering: an outage that
+    /// ends the run without a record, as a crash would.
+    unavailable_first: u64,
 }
 
 impl Counting {
@@ -138,6 +148,14 @@ impl Counting {
     pub fn failing(message: &str) -> Arc<Self> {
         Arc::new(Self {
             fail_with: Some(message.to_owned()),
+            ..Self::default()
+        })
+    }
+
+    /// Unavailable for the first `n` calls, then answers.
+    pub fn unavailable_first(n: u64) -> Arc<Self> {
+        Arc::new(Self {
+            unavailable_first: n,
             ..Self::default()
         })
     }
@@ -159,6 +177,9 @@ impl Function for Counting {
             .lock()
             .expect("lock")
             .push(request.idempotency_key.to_owned());
+        if n <= self.unavailable_first {
+            return Err(FunctionError::Unavailable("the service is down".to_owned()));
+        }
         match &self.fail_with {
             Some(message) => Err(FunctionError::Failed(message.clone())),
             None => Ok(serde_json::json!({ "n": n, "args": serde_json::from_str::<serde_json::Value>(request.args).unwrap_or_default() }).to_string()),

@@ -9,6 +9,7 @@
 //! | `read-file` | reads `/etc/passwd`; outputs `{"content": ..}` or `{"error": ..}` |
 //! | `socket` | connects to `127.0.0.1:<port>` (`port`, default 80); outputs `{"connected": true}` or `{"error": ..}` |
 //! | `print` | writes a line to stdout and one to stderr; outputs `{"printed": true}` |
+//! | `flood` | prints 256 KiB to stdout; outputs `{"printed": 262144}` |
 //! | `trap` | panics with `boom` |
 
 use std::hint::black_box;
@@ -26,6 +27,7 @@ enum Mode {
     ReadFile,
     Socket,
     Print,
+    Flood,
     Trap,
 }
 
@@ -65,6 +67,14 @@ impl Action for Hostile {
                 // Make sure the lines reach the host before the run ends.
                 std::io::stdout().flush()?;
                 ctx.output(&json!({ "printed": true }))
+            }
+            Mode::Flood => {
+                let line = "x".repeat(1023);
+                for _ in 0..256 {
+                    println!("{line}");
+                }
+                std::io::stdout().flush()?;
+                ctx.output(&json!({ "printed": 256 * 1024 }))
             }
             Mode::Trap => panic!("boom"),
         }
