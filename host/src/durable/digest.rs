@@ -27,7 +27,7 @@ pub fn idempotency_key(key: &StateKey, index: usize) -> String {
         &key.trigger.0,
         &(index as u64).to_le_bytes(),
     ]);
-    format!("rw-{}", &digest.to_string()[..32])
+    format!("rw-{}", hex::encode(&digest.0[..16]))
 }
 
 /// The trigger digest of an input's own event, whose payload is `payload` (JSON text).

@@ -4,8 +4,8 @@
 //! the store of a one-off `rewind run` without a state directory.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 
@@ -16,7 +16,8 @@ pub const DEFAULT_PARTITIONS: u32 = 4;
 
 #[derive(Debug)]
 struct Cached {
-    state: ActionState,
+    /// Shared with the log's copy of the same write.
+    state: Arc<ActionState>,
     /// Offset of this state's newest write in its partition.
     offset: u64,
 }
@@ -24,7 +25,7 @@ struct Cached {
 #[derive(Debug, Default)]
 struct Inner {
     /// The "log": every write ever made, per partition; offset = index.
-    partitions: Vec<Vec<ActionState>>,
+    partitions: Vec<Vec<Arc<ActionState>>>,
     cache: BTreeMap<StateKey, Cached>,
 }
 
@@ -66,24 +67,30 @@ impl InMemoryStore {
         self.lock()
             .cache
             .values()
-            .map(|c| c.state.clone())
+            .map(|c| ActionState::clone(&c.state))
             .collect()
     }
 
     /// Writes `states` as if each were `put`, in order (to load a snapshot).
     pub fn restore(&self, states: Vec<ActionState>) {
         for state in states {
-            let version = self.next_version.fetch_add(1, Ordering::Relaxed);
-            let mut inner = self.lock();
-            let partition = state.key.scope.partition(partition_count(&inner)) as usize;
-            let log = &mut inner.partitions[partition];
-            let offset = offset_of(log.len());
-            let state = ActionState { version, ..state };
-            log.push(state.clone());
-            inner
-                .cache
-                .insert(state.key.clone(), Cached { state, offset });
+            self.append(state);
         }
+    }
+
+    /// Appends `state` to its partition under a new version, and caches it.
+    fn append(&self, state: ActionState) -> Version {
+        let version = self.next_version.fetch_add(1, Ordering::Relaxed);
+        let state = Arc::new(ActionState { version, ..state });
+        let mut inner = self.lock();
+        let partition = state.key.scope.partition(partition_count(&inner)) as usize;
+        let log = &mut inner.partitions[partition];
+        let offset = offset_of(log.len());
+        log.push(Arc::clone(&state));
+        inner
+            .cache
+            .insert(state.key.clone(), Cached { state, offset });
+        version
     }
 }
 
@@ -98,24 +105,14 @@ fn offset_of(len: usize) -> u64 {
 #[async_trait]
 impl ActionStateStore for InMemoryStore {
     async fn put(&self, state: &ActionState) -> Result<Version, StoreError> {
-        let version = self.next_version.fetch_add(1, Ordering::Relaxed);
-        let state = ActionState {
-            version,
-            ..state.clone()
-        };
-        let mut inner = self.lock();
-        let partition = state.key.scope.partition(partition_count(&inner)) as usize;
-        let log = &mut inner.partitions[partition];
-        let offset = offset_of(log.len());
-        log.push(state.clone());
-        inner
-            .cache
-            .insert(state.key.clone(), Cached { state, offset });
-        Ok(version)
+        Ok(self.append(state.clone()))
     }
 
     fn get(&self, key: &StateKey) -> Option<ActionState> {
-        self.lock().cache.get(key).map(|c| c.state.clone())
+        self.lock()
+            .cache
+            .get(key)
+            .map(|c| ActionState::clone(&c.state))
     }
 
     fn states(&self, scope: &KeyScope) -> Vec<ActionState> {
@@ -123,7 +120,7 @@ impl ActionStateStore for InMemoryStore {
             .cache
             .iter()
             .filter(|(key, _)| &key.scope == scope)
-            .map(|(_, c)| c.state.clone())
+            .map(|(_, c)| ActionState::clone(&c.state))
             .collect()
     }
 
@@ -184,7 +181,7 @@ impl ActionStateStore for InMemoryStore {
                     newest.insert(
                         state.key.clone(),
                         Cached {
-                            state: state.clone(),
+                            state: Arc::clone(state),
                             offset: offset_of(offset),
                         },
                     );

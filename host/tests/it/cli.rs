@@ -268,3 +268,54 @@ fn an_unknown_function_kind_and_a_custom_function_without_handler_are_named() {
         "{stderr}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openai_chat_sends_the_api_key_from_the_environment_and_inspect_shows_the_call() {
+    let mock = rewind_mock::MockService::start("127.0.0.1:0".parse().expect("addr"))
+        .await
+        .expect("mock");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let agent = caller_agent(
+        dir.path(),
+        &format!(
+            "[functions.chat]\nkind = \"openai-chat\"\nbase-url = \"{}/v1\"\nmodel = \"m\"\napi-key-env = \"REWIND_TEST_OPENAI_KEY\"\n",
+            mock.base_url()
+        ),
+    );
+    let args = serde_json::json!({ "messages": [{ "role": "user", "content": "refund please" }] });
+    let line = serde_json::json!({ "key": "ana", "payload": { "calls": [{ "function": "chat", "args": args }] } });
+    let input = write(dir.path(), "in.jsonl", &format!("{line}\n"));
+    let out = tokio::task::spawn_blocking({
+        let (dir, agent, input) = (dir.path().to_owned(), agent.clone(), input.clone());
+        move || {
+            rewind(&dir)
+                .env("REWIND_TEST_OPENAI_KEY", "sk-test")
+                .arg("run")
+                .arg(&agent)
+                .arg("--input")
+                .arg(&input)
+                .output()
+                .expect("runs")
+        }
+    })
+    .await
+    .expect("join");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(mock.counts().with_authorization, 1);
+    assert!(
+        !text(&out.stdout).contains("sk-test"),
+        "the key reached the guest"
+    );
+
+    let inspect = rewind(dir.path())
+        .args(["inspect", "--key", "ana"])
+        .output()
+        .expect("runs");
+    let shown = text(&inspect.stdout);
+    assert!(shown.contains("default/cli/ana"), "{shown}");
+    assert!(shown.contains("call 0: chat succeeded key rw-"), "{shown}");
+    assert!(
+        shown.contains("refund"),
+        "the recorded result is shown: {shown}"
+    );
+}
