@@ -316,3 +316,17 @@ async fn a_guest_that_prints_more_than_is_kept_is_not_stopped() {
     assert!(report.error.is_none(), "{report:?}");
     assert_eq!(first_output(&report)["printed"], 262_144);
 }
+
+#[tokio::test]
+async fn a_guest_has_no_environment_no_arguments_and_a_closed_stdin() {
+    let report = hostile("ambient", "").await;
+    assert!(report.error.is_none(), "{report:?}");
+    let found = first_output(&report);
+    assert_eq!(found["env"], 0, "{found}");
+    assert_eq!(found["args"], 0, "{found}");
+    assert_eq!(
+        found["stdin"],
+        json!({ "read": 0 }),
+        "stdin is empty: {found}"
+    );
+}

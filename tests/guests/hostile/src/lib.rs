@@ -10,6 +10,7 @@
 //! | `socket` | connects to `127.0.0.1:<port>` (`port`, default 80); outputs `{"connected": true}` or `{"error": ..}` |
 //! | `print` | writes a line to stdout and one to stderr; outputs `{"printed": true}` |
 //! | `flood` | prints 256 KiB to stdout; outputs `{"printed": 262144}` |
+//! | `ambient` | reports what it finds of environment, arguments and stdin |
 //! | `trap` | panics with `boom` |
 
 use std::hint::black_box;
@@ -28,6 +29,7 @@ enum Mode {
     Socket,
     Print,
     Flood,
+    Ambient,
     Trap,
 }
 
@@ -75,6 +77,18 @@ impl Action for Hostile {
                 }
                 std::io::stdout().flush()?;
                 ctx.output(&json!({ "printed": 256 * 1024 }))
+            }
+            Mode::Ambient => {
+                let mut stdin = String::new();
+                let read = std::io::Read::read_to_string(&mut std::io::stdin(), &mut stdin);
+                ctx.output(&json!({
+                    "env": std::env::vars().count(),
+                    "args": std::env::args().count(),
+                    "stdin": match read {
+                        Ok(n) => json!({ "read": n }),
+                        Err(error) => json!({ "error": error.to_string() }),
+                    },
+                }))
             }
             Mode::Trap => panic!("boom"),
         }
