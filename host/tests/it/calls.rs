@@ -38,18 +38,61 @@ fn recorded_calls(store: &InMemoryStore, key: &str) -> Vec<(String, CallOutcome)
         .collect()
 }
 
-/// Moves the state recorded for input `from` to input `to` of the same key and sequence:
-/// as if `to`'s run had been recorded by another version of the action.
-async fn rekey(store: &InMemoryStore, sequence: u64, from: &Value, to: &Value) {
-    let key = |payload: &Value| StateKey {
+/// The key of the state of action `work` for input `payload` of key `k`.
+fn state_key(sequence: u64, payload: &Value) -> StateKey {
+    StateKey {
         scope: KeyScope::new("default", "test", "k"),
         sequence,
         action: "work".to_owned(),
         trigger: input_trigger(&payload.to_string()),
-    };
-    let mut state = store.get(&key(from)).expect("a recorded state");
-    state.key = key(to);
+    }
+}
+
+/// Moves the state recorded for input `from` to input `to` of the same key and sequence:
+/// as if `to`'s run had been recorded by another version of the action.
+async fn rekey(store: &InMemoryStore, sequence: u64, from: &Value, to: &Value) {
+    let mut state = store
+        .get(&state_key(sequence, from))
+        .expect("a recorded state");
+    state.key = state_key(sequence, to);
     store.put(&state).await.expect("put");
+}
+
+/// What a replay did after the action's code changed between its first run and the replay.
+struct CodeChange {
+    store: Arc<InMemoryStore>,
+    count: Arc<Counting>,
+    other: Arc<Counting>,
+    new: Value,
+    report: rewind_host::agent::InputReport,
+}
+
+/// Runs `old` calls until an outage ends the run, then replays as if the action now made
+/// `new` calls, under agent `toml` (functions `count`, `other` and `gate` are provided).
+async fn replay_after_code_change(toml: &str, old: &[Value], new: &[Value]) -> CodeChange {
+    let store = memory_store();
+    let (count, other) = (Counting::new(), Counting::new());
+    let agent = agent_with(
+        toml,
+        store.clone(),
+        &[
+            ("count", count.clone()),
+            ("other", other.clone()),
+            ("gate", Counting::unavailable_first(1)),
+        ],
+    );
+    let (old, new) = (gated(old), gated(new));
+    let first = agent.process(&input("k", 1, old.clone())).await;
+    assert!(first.error.is_some(), "the outage ends the first run");
+    rekey(&store, 1, &old, &new).await;
+    let report = agent.process(&input("k", 1, new.clone())).await;
+    CodeChange {
+        store,
+        count,
+        other,
+        new,
+        report,
+    }
 }
 
 #[tokio::test]
@@ -147,84 +190,45 @@ async fn another_input_under_the_same_key_and_sequence_does_not_get_the_first_on
 
 #[tokio::test]
 async fn divergence_truncates_the_records_and_runs_live_by_default() {
-    let store = memory_store();
-    let (count, other, gate) = (
-        Counting::new(),
-        Counting::new(),
-        Counting::unavailable_first(1),
-    );
-    let agent = agent_with(
-        &agent_toml("caller", "", ""),
-        store.clone(),
-        &[
-            ("count", count.clone()),
-            ("other", other.clone()),
-            ("gate", gate.clone()),
-        ],
-    );
-    let old = gated(&[
-        call("count", json!({"i": 0})),
-        call("count", json!({"i": 1})),
-    ]);
-    agent.process(&input("k", 1, old.clone())).await;
-    assert_eq!(count.calls(), 2);
-
     // The new version of the action agrees on call 0 and makes another call 1.
-    let new = gated(&[
-        call("count", json!({"i": 0})),
-        call("other", json!({"y": true})),
-    ]);
-    rekey(&store, 1, &old, &new).await;
-    let report = agent.process(&input("k", 1, new.clone())).await;
+    let change = replay_after_code_change(
+        &agent_toml("caller", "", ""),
+        &[
+            call("count", json!({"i": 0})),
+            call("count", json!({"i": 1})),
+        ],
+        &[
+            call("count", json!({"i": 0})),
+            call("other", json!({"y": true})),
+        ],
+    )
+    .await;
+    let report = &change.report;
     assert!(report.error.is_none(), "{report:?}");
-    assert_eq!(count.calls(), 2, "call 0 is served from its record");
-    assert_eq!(other.calls(), 1, "the diverging call runs live");
+    assert_eq!(change.count.calls(), 2, "call 0 is served from its record");
+    assert_eq!(change.other.calls(), 1, "the diverging call runs live");
     assert_eq!(report.calls.truncated, 1);
-    let state = store.get(&StateKey {
-        scope: KeyScope::new("default", "test", "k"),
-        sequence: 1,
-        action: "work".to_owned(),
-        trigger: input_trigger(&new.to_string()),
-    });
-    let functions: Vec<String> = state
-        .expect("state")
-        .calls
-        .into_iter()
-        .map(|c| c.function)
-        .collect();
+    let state = change.store.get(&state_key(1, &change.new)).expect("state");
+    let functions: Vec<String> = state.calls.into_iter().map(|c| c.function).collect();
     assert_eq!(functions, ["count", "other", "gate"]);
 }
 
 #[tokio::test]
 async fn divergence_under_fail_fails_the_run_naming_both_calls() {
-    let store = memory_store();
-    let (count, other, gate) = (
-        Counting::new(),
-        Counting::new(),
-        Counting::unavailable_first(1),
-    );
-    let agent = agent_with(
+    let change = replay_after_code_change(
         &agent_toml("caller", "divergence = \"fail\"", ""),
-        store.clone(),
-        &[
-            ("count", count.clone()),
-            ("other", other.clone()),
-            ("gate", gate.clone()),
-        ],
-    );
-    let old = gated(&[call("count", json!({}))]);
-    agent.process(&input("k", 1, old.clone())).await;
-    let new = gated(&[call("other", json!({}))]);
-    rekey(&store, 1, &old, &new).await;
-    let report = agent.process(&input("k", 1, new)).await;
-    let error = report.error.expect("the run fails").to_string();
+        &[call("count", json!({}))],
+        &[call("other", json!({}))],
+    )
+    .await;
+    let error = change.report.error.expect("the run fails").to_string();
     assert!(error.contains("divergence at call 0"), "{error}");
     assert!(
         error.contains("`count`") && error.contains("`other`"),
         "{error}"
     );
     assert_eq!(
-        other.calls(),
+        change.other.calls(),
         0,
         "nothing runs after a divergence under `fail`"
     );
@@ -232,36 +236,23 @@ async fn divergence_under_fail_fails_the_run_naming_both_calls() {
 
 #[tokio::test]
 async fn a_function_can_override_the_agents_divergence_policy() {
-    let store = memory_store();
-    let (count, other, gate) = (
-        Counting::new(),
-        Counting::new(),
-        Counting::unavailable_first(1),
-    );
-    let toml = agent_toml(
-        "caller",
-        "",
-        "[functions.other]\nkind = \"custom\"\ndivergence = \"fail\"\n",
-    );
-    let agent = agent_with(
-        &toml,
-        store.clone(),
-        &[
-            ("count", count.clone()),
-            ("other", other.clone()),
-            ("gate", gate.clone()),
-        ],
-    );
-    let old = gated(&[call("count", json!({}))]);
-    agent.process(&input("k", 1, old.clone())).await;
-    let new = gated(&[call("other", json!({}))]);
-    rekey(&store, 1, &old, &new).await;
-    let report = agent.process(&input("k", 1, new)).await;
-    let error = report
+    let change = replay_after_code_change(
+        &agent_toml(
+            "caller",
+            "",
+            "[functions.other]\nkind = \"custom\"\ndivergence = \"fail\"\n",
+        ),
+        &[call("count", json!({}))],
+        &[call("other", json!({}))],
+    )
+    .await;
+    let error = change
+        .report
         .error
         .expect("`other` fails on divergence")
         .to_string();
     assert!(error.contains("divergence at call 0"), "{error}");
+    assert_eq!(change.other.calls(), 0);
 }
 
 #[tokio::test]
