@@ -14,5 +14,6 @@ pub mod agent;
 pub mod durable;
 pub mod event;
 pub mod functions;
+pub mod log;
 pub mod sandbox;
 pub mod store;

@@ -1,0 +1,151 @@
+//! The embedded log: segment files per partition under one directory, records framed with
+//! magic, version, length and checksum (`entry`), appends made durable together by one
+//! writer thread (`writer`, group commit), torn tails found and cut at open (`recovery`).
+//!
+//! ```text
+//! DIR/log.json                    {"format": 1, "partitions": N}
+//! DIR/p0000/00000000000000000000.seg   records from offset 0
+//! DIR/p0000/00000000000000052311.seg   records from offset 52311, and so on
+//! ```
+
+mod entry;
+mod recovery;
+mod segment;
+mod writer;
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use async_trait::async_trait;
+
+use super::{Log, LogError, Offset, Record};
+pub use recovery::{OpenReport, Truncation};
+use segment::Partition;
+
+/// What to do at open with a partition whose last segment ends inside a record (the process
+/// died during an append) or with bytes that are not a record.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Recovery {
+    /// Cut the last segment back to its last whole record, and report how many bytes were
+    /// dropped. Those bytes were never acknowledged: an append returns only after a sync.
+    #[default]
+    TruncateTornTail,
+    /// Refuse to open.
+    Strict,
+}
+
+/// How a [`FileLog`] is opened.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FileLogOptions {
+    /// Partitions of a new log; an existing log must have been created with as many.
+    pub partitions: u32,
+    /// A segment is rolled when the next record would take it past this size.
+    pub segment_bytes: u64,
+    pub recovery: Recovery,
+}
+
+impl Default for FileLogOptions {
+    fn default() -> Self {
+        Self {
+            partitions: 8,
+            segment_bytes: 64 << 20,
+            recovery: Recovery::default(),
+        }
+    }
+}
+
+/// What the writer thread and readers share.
+#[derive(Debug)]
+struct Shared {
+    dir: PathBuf,
+    options: FileLogOptions,
+    partitions: Vec<Mutex<Partition>>,
+}
+
+impl Shared {
+    fn partition(&self, partition: u32) -> Result<MutexGuard<'_, Partition>, LogError> {
+        let slot = self
+            .partitions
+            .get(partition as usize)
+            .ok_or(LogError::NoSuchPartition {
+                partition,
+                partitions: self.options.partitions,
+            })?;
+        Ok(slot.lock().unwrap_or_else(|poisoned| poisoned.into_inner()))
+    }
+}
+
+/// The embedded, file-backed [`Log`].
+#[derive(Debug)]
+pub struct FileLog {
+    shared: Arc<Shared>,
+    writer: writer::Writer,
+}
+
+impl FileLog {
+    /// Opens the log in `dir`, creating it when it does not exist, and recovers every
+    /// partition as `options.recovery` says. The report says what recovery dropped.
+    pub fn open(dir: &Path, options: FileLogOptions) -> Result<(Self, OpenReport), LogError> {
+        let (partitions, report) = recovery::open(dir, options)?;
+        let shared = Arc::new(Shared {
+            dir: dir.to_owned(),
+            options,
+            partitions: partitions.into_iter().map(Mutex::new).collect(),
+        });
+        let writer = writer::Writer::start(Arc::clone(&shared))?;
+        Ok((Self { shared, writer }, report))
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.shared.dir
+    }
+}
+
+#[async_trait]
+impl Log for FileLog {
+    fn partitions(&self) -> u32 {
+        self.shared.options.partitions
+    }
+
+    async fn append(&self, partition: u32, payload: Vec<u8>) -> Result<Offset, LogError> {
+        if payload.len() > entry::MAX_PAYLOAD {
+            return Err(LogError::TooLarge {
+                size: payload.len(),
+                max: entry::MAX_PAYLOAD,
+            });
+        }
+        // Fails here, not in the writer thread, when the partition does not exist.
+        drop(self.shared.partition(partition)?);
+        self.writer.append(partition, payload).await
+    }
+
+    async fn read(
+        &self,
+        partition: u32,
+        from: Offset,
+        max: usize,
+    ) -> Result<Vec<Record>, LogError> {
+        let plan = self
+            .shared
+            .partition(partition)?
+            .plan_read(partition, from, max)?;
+        tokio::task::spawn_blocking(move || plan.execute())
+            .await
+            .map_err(|e| LogError::Io {
+                context: "reading the log".to_owned(),
+                source: std::io::Error::other(e),
+            })?
+    }
+
+    async fn bounds(&self, partition: u32) -> Result<(Offset, Offset), LogError> {
+        let p = self.shared.partition(partition)?;
+        Ok((p.start(), p.durable_end))
+    }
+
+    async fn delete_below(&self, partition: u32, offset: Offset) -> Result<(), LogError> {
+        self.shared.partition(partition)?.delete_below(offset)
+    }
+}
+
+#[cfg(test)]
+mod tests;

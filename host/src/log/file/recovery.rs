@@ -1,0 +1,253 @@
+//! Opening a log directory: its format file, each partition's segments, and torn tails.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::entry::{self, Decoded};
+use super::segment::{Partition, Segment, create_segment, segment_path, sync_dir};
+use super::{FileLogOptions, Recovery};
+use crate::log::{LogError, Offset};
+
+/// The directory's format file.
+const FORMAT_FILE: &str = "log.json";
+const FORMAT: u32 = 1;
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Format {
+    format: u32,
+    partitions: u32,
+}
+
+/// Bytes that recovery cut from the end of a partition.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Truncation {
+    pub partition: u32,
+    pub path: PathBuf,
+    /// Where the last whole record ends; the file now ends here.
+    pub at: u64,
+    pub bytes: u64,
+    /// What was found there: a record cut short, or bytes that are not a record.
+    pub reason: String,
+}
+
+/// What opening the log found and did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct OpenReport {
+    pub truncated: Vec<Truncation>,
+}
+
+impl OpenReport {
+    /// Bytes dropped over all partitions.
+    pub fn dropped_bytes(&self) -> u64 {
+        self.truncated.iter().map(|t| t.bytes).sum()
+    }
+}
+
+fn io(context: String) -> impl FnOnce(std::io::Error) -> LogError {
+    move |source| LogError::Io { context, source }
+}
+
+pub(super) fn open(
+    dir: &Path,
+    options: FileLogOptions,
+) -> Result<(Vec<Partition>, OpenReport), LogError> {
+    std::fs::create_dir_all(dir).map_err(io(format!("creating {}", dir.display())))?;
+    check_format(dir, options.partitions)?;
+    let mut report = OpenReport::default();
+    let mut partitions = Vec::new();
+    for partition in 0..options.partitions {
+        partitions.push(open_partition(
+            dir,
+            partition,
+            options.recovery,
+            &mut report,
+        )?);
+    }
+    Ok((partitions, report))
+}
+
+fn check_format(dir: &Path, partitions: u32) -> Result<(), LogError> {
+    let path = dir.join(FORMAT_FILE);
+    match std::fs::read(&path) {
+        Ok(bytes) => {
+            let found: Format = serde_json::from_slice(&bytes).map_err(|e| LogError::Corrupt {
+                path: path.display().to_string(),
+                message: format!("not a log format file: {e}"),
+            })?;
+            if found.format != FORMAT {
+                return Err(LogError::Corrupt {
+                    path: path.display().to_string(),
+                    message: format!(
+                        "log format {} (this build reads format {FORMAT})",
+                        found.format
+                    ),
+                });
+            }
+            if found.partitions != partitions {
+                return Err(LogError::PartitionCount {
+                    path: path.display().to_string(),
+                    on_disk: found.partitions,
+                    asked: partitions,
+                });
+            }
+            Ok(())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let bytes = serde_json::to_vec(&Format {
+                format: FORMAT,
+                partitions,
+            })
+            .map_err(|e| io(format!("writing {}", path.display()))(std::io::Error::other(e)))?;
+            let temp = dir.join(format!("{FORMAT_FILE}.tmp"));
+            let write = || -> std::io::Result<()> {
+                let mut file = File::create(&temp)?;
+                std::io::Write::write_all(&mut file, &bytes)?;
+                file.sync_all()?;
+                std::fs::rename(&temp, &path)
+            };
+            write().map_err(io(format!("writing {}", path.display())))?;
+            sync_dir(dir)
+        }
+        Err(e) => Err(io(format!("reading {}", path.display()))(e)),
+    }
+}
+
+fn open_partition(
+    dir: &Path,
+    partition: u32,
+    recovery: Recovery,
+    report: &mut OpenReport,
+) -> Result<Partition, LogError> {
+    let pdir = dir.join(format!("p{partition:04}"));
+    if !pdir.exists() {
+        std::fs::create_dir_all(&pdir).map_err(io(format!("creating {}", pdir.display())))?;
+        sync_dir(dir)?;
+    }
+    let mut bases: Vec<Offset> = Vec::new();
+    for entry in std::fs::read_dir(&pdir).map_err(io(format!("listing {}", pdir.display())))? {
+        let entry = entry.map_err(io(format!("listing {}", pdir.display())))?;
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if let Some(base) = name
+            .strip_suffix(".seg")
+            .and_then(|b| b.parse::<Offset>().ok())
+        {
+            bases.push(base);
+        }
+    }
+    bases.sort_unstable();
+    if bases.is_empty() {
+        let path = segment_path(&pdir, 0);
+        let active = create_segment(&pdir, &path)?;
+        return Ok(Partition {
+            dir: pdir,
+            segments: vec![Segment {
+                base: 0,
+                path,
+                positions: Vec::new(),
+                size: 0,
+            }],
+            active,
+            durable_end: 0,
+            broken: None,
+        });
+    }
+
+    let mut segments: Vec<Segment> = Vec::new();
+    let count = bases.len();
+    for (i, base) in bases.into_iter().enumerate() {
+        let path = segment_path(&pdir, base);
+        if let Some(previous) = segments.last()
+            && previous.end() != base
+        {
+            return Err(LogError::Corrupt {
+                path: path.display().to_string(),
+                message: format!(
+                    "the segment starts at offset {base} but the one before it ends at {}",
+                    previous.end()
+                ),
+            });
+        }
+        let last = i + 1 == count;
+        segments.push(scan(partition, base, path, last, recovery, report)?);
+    }
+    let active_path = &segments[segments.len() - 1].path;
+    let active = File::options()
+        .append(true)
+        .read(true)
+        .open(active_path)
+        .map_err(io(format!("opening {}", active_path.display())))?;
+    let durable_end = segments[segments.len() - 1].end();
+    Ok(Partition {
+        dir: pdir,
+        segments,
+        active,
+        durable_end,
+        broken: None,
+    })
+}
+
+/// Reads a segment's records; cuts a torn or corrupt tail of the last segment when allowed.
+fn scan(
+    partition: u32,
+    base: Offset,
+    path: PathBuf,
+    last: bool,
+    recovery: Recovery,
+    report: &mut OpenReport,
+) -> Result<Segment, LogError> {
+    let bytes = std::fs::read(&path).map_err(io(format!("reading {}", path.display())))?;
+    let mut positions = Vec::new();
+    let mut at = 0;
+    let problem = loop {
+        match entry::decode(&bytes, at) {
+            Decoded::Record { next, .. } => {
+                positions.push(at as u64);
+                at = next;
+            }
+            Decoded::End => break None,
+            Decoded::Torn => break Some("a record cut short".to_owned()),
+            Decoded::Corrupt(why) => break Some(why),
+        }
+    };
+    if let Some(reason) = problem {
+        if !last || recovery == Recovery::Strict {
+            return Err(LogError::Corrupt {
+                path: path.display().to_string(),
+                message: format!(
+                    "at byte {at} of {}: {reason}{}",
+                    bytes.len(),
+                    if last {
+                        " (open with Recovery::TruncateTornTail to cut it)"
+                    } else {
+                        ""
+                    }
+                ),
+            });
+        }
+        let file = File::options()
+            .write(true)
+            .open(&path)
+            .map_err(io(format!("opening {}", path.display())))?;
+        file.set_len(at as u64)
+            .and_then(|()| file.sync_all())
+            .map_err(io(format!("truncating {}", path.display())))?;
+        let dropped = (bytes.len() - at) as u64;
+        tracing::warn!(path = %path.display(), at, dropped, "recovery cut a torn tail: {reason}");
+        report.truncated.push(Truncation {
+            partition,
+            path: path.clone(),
+            at: at as u64,
+            bytes: dropped,
+            reason,
+        });
+    }
+    Ok(Segment {
+        base,
+        path,
+        positions,
+        size: at as u64,
+    })
+}

@@ -1,0 +1,193 @@
+use std::sync::Arc;
+
+use async_trait::async_trait;
+
+use super::{FileLog, FileLogOptions, Recovery};
+use crate::log::{Log, LogError, Offset, Record};
+
+/// A file log in a temporary directory that lives as long as the log.
+#[derive(Debug)]
+struct TempLog {
+    log: FileLog,
+    _dir: tempfile::TempDir,
+}
+
+#[async_trait]
+impl Log for TempLog {
+    fn partitions(&self) -> u32 {
+        self.log.partitions()
+    }
+    async fn append(&self, partition: u32, payload: Vec<u8>) -> Result<Offset, LogError> {
+        self.log.append(partition, payload).await
+    }
+    async fn read(
+        &self,
+        partition: u32,
+        from: Offset,
+        max: usize,
+    ) -> Result<Vec<Record>, LogError> {
+        self.log.read(partition, from, max).await
+    }
+    async fn bounds(&self, partition: u32) -> Result<(Offset, Offset), LogError> {
+        self.log.bounds(partition).await
+    }
+    async fn delete_below(&self, partition: u32, offset: Offset) -> Result<(), LogError> {
+        self.log.delete_below(partition, offset).await
+    }
+}
+
+/// Small segments, so that the suite crosses segment boundaries and retention deletes files.
+fn options(partitions: u32) -> FileLogOptions {
+    FileLogOptions {
+        partitions,
+        segment_bytes: 256,
+        recovery: Recovery::TruncateTornTail,
+    }
+}
+
+fn temp_log(partitions: u32) -> Arc<dyn Log> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (log, report) = FileLog::open(dir.path(), options(partitions)).expect("open");
+    assert!(report.truncated.is_empty());
+    Arc::new(TempLog { log, _dir: dir })
+}
+
+crate::log_conformance_tests!(temp_log);
+
+async fn fill(dir: &std::path::Path, records: &[&[u8]]) {
+    let (log, _) = FileLog::open(dir, options(1)).expect("open");
+    for record in records {
+        log.append(0, record.to_vec()).await.expect("append");
+    }
+}
+
+fn segments(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut files: Vec<_> = std::fs::read_dir(dir.join("p0000"))
+        .expect("partition dir")
+        .map(|e| e.expect("entry").path())
+        .collect();
+    files.sort();
+    files
+}
+
+#[tokio::test]
+async fn appended_records_survive_reopening() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    fill(dir.path(), &[b"one", b"two", b"three"]).await;
+    let (log, report) = FileLog::open(dir.path(), options(1)).expect("reopen");
+    assert!(report.truncated.is_empty());
+    let records = log.read(0, 0, 10).await.expect("read");
+    let payloads: Vec<&[u8]> = records.iter().map(|r| r.payload.as_slice()).collect();
+    assert_eq!(payloads, [&b"one"[..], b"two", b"three"]);
+    assert_eq!(log.append(0, b"four".to_vec()).await.expect("append"), 3);
+}
+
+#[tokio::test]
+async fn torn_tail_is_truncated_on_open() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    fill(dir.path(), &[b"kept", b"the last record"]).await;
+    let active = segments(dir.path()).pop().expect("a segment");
+    let whole = std::fs::read(&active).expect("read");
+    let last_record = super::entry::encode(b"the last record").len();
+    let boundary = whole.len() - last_record;
+    // Every point at which the process could have died while appending the last record.
+    for cut in boundary + 1..whole.len() {
+        std::fs::write(&active, &whole[..cut]).expect("cut");
+        let (log, report) = FileLog::open(dir.path(), options(1)).expect("open");
+        assert_eq!(report.truncated.len(), 1, "cut at {cut}");
+        assert_eq!(
+            report.dropped_bytes(),
+            (cut - boundary) as u64,
+            "cut at {cut}"
+        );
+        assert_eq!(log.bounds(0).await.expect("bounds"), (0, 1), "cut at {cut}");
+        let records = log.read(0, 0, 10).await.expect("read");
+        assert_eq!(records.len(), 1);
+        assert_eq!(records[0].payload, b"kept");
+        assert_eq!(log.append(0, b"again".to_vec()).await.expect("append"), 1);
+        drop(log);
+        std::fs::write(&active, &whole).expect("restore");
+    }
+}
+
+#[tokio::test]
+async fn strict_recovery_refuses_a_torn_tail_and_names_the_file() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    fill(dir.path(), &[b"kept", b"torn"]).await;
+    let active = segments(dir.path()).pop().expect("a segment");
+    let whole = std::fs::read(&active).expect("read");
+    std::fs::write(&active, &whole[..whole.len() - 2]).expect("cut");
+    let strict = FileLogOptions {
+        recovery: Recovery::Strict,
+        ..options(1)
+    };
+    let error = FileLog::open(dir.path(), strict).expect_err("refused");
+    let message = error.to_string();
+    assert!(message.contains(&active.display().to_string()), "{message}");
+    assert!(message.contains("cut short"), "{message}");
+    assert_eq!(
+        std::fs::read(&active).expect("read").len(),
+        whole.len() - 2,
+        "nothing cut"
+    );
+}
+
+#[tokio::test]
+async fn corruption_before_the_last_segment_is_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let big = [7u8; 200];
+    fill(dir.path(), &[&big, &big, &big]).await;
+    let files = segments(dir.path());
+    assert!(files.len() >= 2, "{files:?}");
+    let mut first = std::fs::read(&files[0]).expect("read");
+    first[20] ^= 0xff;
+    std::fs::write(&files[0], &first).expect("corrupt");
+    let error = FileLog::open(dir.path(), options(1)).expect_err("refused");
+    assert!(error.to_string().contains("checksum"), "{error}");
+}
+
+#[tokio::test]
+async fn reopening_with_another_partition_count_is_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    drop(FileLog::open(dir.path(), options(4)).expect("open"));
+    let error = FileLog::open(dir.path(), options(2)).expect_err("refused");
+    assert!(
+        matches!(
+            error,
+            LogError::PartitionCount {
+                on_disk: 4,
+                asked: 2,
+                ..
+            }
+        ),
+        "{error}"
+    );
+    assert!(
+        error
+            .to_string()
+            .contains("created with 4 partitions, not 2"),
+        "{error}"
+    );
+}
+
+#[tokio::test]
+async fn retention_deletes_whole_segments_only() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let record = [1u8; 100];
+    fill(dir.path(), &[&record[..]; 10]).await;
+    let before = segments(dir.path()).len();
+    assert!(before >= 4, "{before} segments");
+    let (log, _) = FileLog::open(dir.path(), options(1)).expect("open");
+    log.delete_below(0, 5).await.expect("delete");
+    let (start, end) = log.bounds(0).await.expect("bounds");
+    assert!(start <= 5 && start > 0, "start {start}");
+    assert_eq!(end, 10);
+    assert!(segments(dir.path()).len() < before);
+    drop(log);
+    let (log, _) = FileLog::open(dir.path(), options(1)).expect("reopen");
+    assert_eq!(
+        log.bounds(0).await.expect("bounds"),
+        (start, 10),
+        "retention survives reopening"
+    );
+}

@@ -1,0 +1,96 @@
+//! The log: an append-only, partitioned, durable byte log with offsets.
+//!
+//! [`FileLog`] is the embedded default (segment files on local disk, group commit);
+//! [`MemoryLog`] is its in-memory twin. Every implementation passes the suite in
+//! [`conformance`].
+
+pub mod conformance;
+mod file;
+mod memory;
+
+use async_trait::async_trait;
+
+pub use file::{FileLog, FileLogOptions, OpenReport, Recovery, Truncation};
+pub use memory::MemoryLog;
+
+/// A record's position in its partition: 0 for the first record ever appended, and one more
+/// for each record after it. Offsets are never reused, also after retention.
+pub type Offset = u64;
+
+/// One record read back from a partition.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Record {
+    pub offset: Offset,
+    pub payload: Vec<u8>,
+}
+
+/// Why a log operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum LogError {
+    #[error("partition {partition} does not exist: the log has {partitions}")]
+    NoSuchPartition { partition: u32, partitions: u32 },
+    #[error(
+        "partition {partition}: offset {offset} is outside what the log holds, [{start}, {end})"
+    )]
+    OutOfRange {
+        partition: u32,
+        offset: Offset,
+        start: Offset,
+        end: Offset,
+    },
+    #[error("{path}: {message}")]
+    Corrupt { path: String, message: String },
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        source: std::io::Error,
+    },
+    #[error(
+        "{path} was created with {on_disk} partitions, not {asked}: open it with {on_disk}, or \
+         start with an empty state directory"
+    )]
+    PartitionCount {
+        path: String,
+        on_disk: u32,
+        asked: u32,
+    },
+    #[error("the log is closed")]
+    Closed,
+    #[error("record of {size} bytes is larger than the {max} a record may hold")]
+    TooLarge { size: usize, max: usize },
+}
+
+/// An append-only, partitioned, durable log.
+///
+/// The number of partitions is fixed when the log is created. Appends to one partition are
+/// totally ordered; appends to different partitions are independent.
+#[async_trait]
+pub trait Log: Send + Sync + std::fmt::Debug {
+    /// How many partitions the log has; partitions are numbered from 0.
+    fn partitions(&self) -> u32;
+
+    /// Appends `payload` to `partition` and returns its offset.
+    ///
+    /// Returns only once the record is durable (for the file log: its bytes are synced to
+    /// disk). Concurrent appends to one partition get increasing offsets in the order the
+    /// log took them; the log may make them durable together (group commit). On `Err` the
+    /// record may or may not be in the log: a reader may see it later.
+    async fn append(&self, partition: u32, payload: Vec<u8>) -> Result<Offset, LogError>;
+
+    /// Reads up to `max` records of `partition` from offset `from`, in offset order.
+    ///
+    /// Returns only durable records. An empty result means `from` is the end. Fails with
+    /// [`LogError::OutOfRange`] when `from` is below the partition's start (retention
+    /// deleted it) or past its end.
+    async fn read(&self, partition: u32, from: Offset, max: usize)
+    -> Result<Vec<Record>, LogError>;
+
+    /// The partition's `[start, end)`: the first offset it still holds and the offset the
+    /// next append will get. `start == end` when it holds nothing.
+    async fn bounds(&self, partition: u32) -> Result<(Offset, Offset), LogError>;
+
+    /// Retention: deletes whole segments of `partition` whose records are all below
+    /// `offset`. Records at or above `offset` stay readable; records below it may stay too
+    /// (a segment is deleted only as a whole). Offsets of later appends are unaffected.
+    async fn delete_below(&self, partition: u32, offset: Offset) -> Result<(), LogError>;
+}
