@@ -6,12 +6,15 @@
 //! markers".
 
 pub mod conformance;
+pub mod encoding;
+mod log;
 mod memory;
 mod state;
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
+pub use log::{LogStore, MarkerStrategy};
 pub use memory::InMemoryStore;
 pub use state::{
     ActionState, CallOutcome, CallRecord, Completion, Digest, KeyScope, MemoryWrite, StateKey,
@@ -43,6 +46,17 @@ pub enum StoreError {
         offset: u64,
         start: u64,
         end: u64,
+    },
+    #[error("cannot encode the state {key}: {message}")]
+    Encode { key: String, message: String },
+    #[error(
+        "partition {partition}, offset {offset}: not an action state this build can read: \
+         {message}"
+    )]
+    Decode {
+        partition: u32,
+        offset: u64,
+        message: String,
     },
     /// The log did not acknowledge a write or a read (disk full, server gone, ...).
     #[error("the log is unavailable: {0}")]
