@@ -66,7 +66,10 @@ mod tests {
             },
             trigger: Event::new("input", r#"{"ticket":"T-1"}"#),
             calls: vec![
-                call("llm.chat", CallOutcome::Succeeded(r#"{"role":"assistant"}"#.to_owned())),
+                call(
+                    "llm.chat",
+                    CallOutcome::Succeeded(r#"{"role":"assistant"}"#.to_owned()),
+                ),
                 call("orders.lookup", CallOutcome::Failed("404".to_owned())),
                 call("payments.charge", CallOutcome::Pending),
             ],
@@ -97,7 +100,10 @@ mod tests {
 
     #[test]
     fn unknown_encodings_and_garbage_are_named() {
-        assert!(matches!(decode(&[9, b'{']), Err(DecodeError::UnknownEncoding(9))));
+        assert!(matches!(
+            decode(&[9, b'{']),
+            Err(DecodeError::UnknownEncoding(9))
+        ));
         assert!(matches!(decode(&[]), Err(DecodeError::Empty)));
         assert!(matches!(decode(&[1, b'x']), Err(DecodeError::Json(_))));
     }

@@ -6,4 +6,5 @@ mod cli;
 mod concurrency;
 mod functions;
 mod sandbox;
+mod store;
 mod support;
