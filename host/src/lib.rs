@@ -11,6 +11,7 @@
 //! - [`event`]: events, inputs and outputs.
 
 pub mod agent;
+pub mod checkpoint;
 pub mod durable;
 pub mod event;
 pub mod functions;

@@ -1,0 +1,199 @@
+//! Checkpoints as files in a directory: `checkpoint-<id>.json`, each written to a temporary
+//! file, synced, renamed into place, and the directory synced.
+
+use std::path::{Path, PathBuf};
+
+use async_trait::async_trait;
+
+use super::{Checkpoint, CheckpointError, CheckpointId, CheckpointStore};
+
+const PREFIX: &str = "checkpoint-";
+const SUFFIX: &str = ".json";
+
+/// A [`CheckpointStore`] in a directory on local disk.
+#[derive(Clone, Debug)]
+pub struct FileCheckpoints {
+    dir: PathBuf,
+}
+
+fn io(context: String) -> impl FnOnce(std::io::Error) -> CheckpointError {
+    move |source| CheckpointError::Io { context, source }
+}
+
+impl FileCheckpoints {
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        Self { dir: dir.into() }
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn path(&self, id: CheckpointId) -> PathBuf {
+        self.dir.join(format!("{PREFIX}{id:020}{SUFFIX}"))
+    }
+
+    fn ids(&self) -> Result<Vec<CheckpointId>, CheckpointError> {
+        let entries = match std::fs::read_dir(&self.dir) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(io(format!("listing {}", self.dir.display()))(e)),
+        };
+        let mut ids = Vec::new();
+        for entry in entries {
+            let entry = entry.map_err(io(format!("listing {}", self.dir.display())))?;
+            let name = entry.file_name();
+            let id = name
+                .to_str()
+                .and_then(|n| n.strip_prefix(PREFIX))
+                .and_then(|n| n.strip_suffix(SUFFIX))
+                .and_then(|n| n.parse::<CheckpointId>().ok());
+            ids.extend(id);
+        }
+        ids.sort_unstable();
+        Ok(ids)
+    }
+
+    fn read(&self, id: CheckpointId) -> Result<Checkpoint, CheckpointError> {
+        let path = self.path(id);
+        let bytes = std::fs::read(&path).map_err(io(format!("reading {}", path.display())))?;
+        serde_json::from_slice(&bytes).map_err(|e| CheckpointError::Unreadable {
+            path: path.display().to_string(),
+            message: e.to_string(),
+        })
+    }
+
+    fn sync_dir(&self) -> Result<(), CheckpointError> {
+        std::fs::File::open(&self.dir)
+            .and_then(|d| d.sync_all())
+            .map_err(io(format!("syncing {}", self.dir.display())))
+    }
+
+    fn save_now(&self, checkpoint: &Checkpoint, keep: usize) -> Result<(), CheckpointError> {
+        std::fs::create_dir_all(&self.dir)
+            .map_err(io(format!("creating {}", self.dir.display())))?;
+        let path = self.path(checkpoint.id);
+        let temp = self.dir.join(format!(".{PREFIX}{}.tmp", checkpoint.id));
+        let bytes = serde_json::to_vec_pretty(checkpoint)
+            .map_err(|e| io(format!("encoding {}", path.display()))(std::io::Error::other(e)))?;
+        let write = || -> std::io::Result<()> {
+            let mut file = std::fs::File::create(&temp)?;
+            std::io::Write::write_all(&mut file, &bytes)?;
+            file.sync_all()?;
+            std::fs::rename(&temp, &path)
+        };
+        write().map_err(io(format!("writing {}", path.display())))?;
+        self.sync_dir()?;
+        let ids = self.ids()?;
+        let excess = ids.len().saturating_sub(keep.max(1));
+        for &old in &ids[..excess] {
+            let old = self.path(old);
+            std::fs::remove_file(&old).map_err(io(format!("deleting {}", old.display())))?;
+        }
+        if excess > 0 {
+            self.sync_dir()?;
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl CheckpointStore for FileCheckpoints {
+    async fn save(&self, checkpoint: &Checkpoint, keep: usize) -> Result<(), CheckpointError> {
+        let this = self.clone();
+        let checkpoint = checkpoint.clone();
+        tokio::task::spawn_blocking(move || this.save_now(&checkpoint, keep))
+            .await
+            .map_err(|e| io("saving a checkpoint".to_owned())(std::io::Error::other(e)))?
+    }
+
+    async fn latest(&self) -> Result<Option<Checkpoint>, CheckpointError> {
+        // Only whole files are ever renamed into place, so the newest file is complete; a
+        // file that does not parse was damaged afterwards, and is an error, not skipped.
+        match self.ids()?.last() {
+            Some(&id) => self.read(id).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    async fn list(&self) -> Result<Vec<CheckpointId>, CheckpointError> {
+        self.ids()
+    }
+
+    async fn oldest(&self) -> Result<Option<Checkpoint>, CheckpointError> {
+        match self.ids()?.first() {
+            Some(&id) => self.read(id).map(Some),
+            None => Ok(None),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::checkpoint::{KeyProgress, PendingInput};
+    use crate::store::Marker;
+
+    fn checkpoint(id: CheckpointId) -> Checkpoint {
+        Checkpoint {
+            id,
+            input_position: id * 10,
+            keys: [(
+                "ana".to_owned(),
+                KeyProgress {
+                    next_sequence: 4,
+                    last_completed: 2,
+                    memory: [("seen".to_owned(), "true".to_owned())].into(),
+                },
+            )]
+            .into(),
+            pending: vec![PendingInput {
+                key: "ana".to_owned(),
+                sequence: 3,
+                payload: "{}".to_owned(),
+            }],
+            marker: Marker {
+                offsets: vec![id, 0],
+            },
+        }
+    }
+
+    #[tokio::test]
+    async fn the_newest_checkpoint_is_read_back_and_only_the_newest_k_are_kept() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = FileCheckpoints::new(dir.path().join("checkpoints"));
+        assert_eq!(store.latest().await.expect("latest"), None);
+        for id in 1..=5 {
+            store.save(&checkpoint(id), 3).await.expect("save");
+        }
+        assert_eq!(store.latest().await.expect("latest"), Some(checkpoint(5)));
+        assert_eq!(store.list().await.expect("list"), [3, 4, 5]);
+        assert_eq!(store.oldest().await.expect("oldest"), Some(checkpoint(3)));
+    }
+
+    #[tokio::test]
+    async fn a_temporary_file_left_by_a_crash_is_not_a_checkpoint() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = FileCheckpoints::new(dir.path());
+        store.save(&checkpoint(1), 3).await.expect("save");
+        // A crash between writing the temporary file and renaming it.
+        std::fs::write(dir.path().join(".checkpoint-2.tmp"), b"{\"id\": 2, \"inp").expect("write");
+        assert_eq!(store.latest().await.expect("latest"), Some(checkpoint(1)));
+        assert_eq!(store.list().await.expect("list"), [1]);
+    }
+
+    #[tokio::test]
+    async fn a_damaged_checkpoint_is_named() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = FileCheckpoints::new(dir.path());
+        store.save(&checkpoint(1), 3).await.expect("save");
+        std::fs::write(store.path(1), b"not json").expect("damage");
+        let error = store.latest().await.expect_err("unreadable");
+        assert!(
+            error
+                .to_string()
+                .contains("checkpoint-00000000000000000001.json"),
+            "{error}"
+        );
+    }
+}
