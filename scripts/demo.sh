@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The demo: builds what it needs, starts the mock service on loopback, runs the support
-# agent over its sample inputs twice with the same state, and shows that each call ran once.
+# agent over its sample inputs, runs the same command again (it resumes from its checkpoint),
+# and shows that each call reached the service once.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -26,9 +27,10 @@ echo
 echo "== outputs"
 cat "$state/outputs.jsonl"
 echo
-echo "== second run over the same state: nothing is called again"
+echo "== the same command again: it resumes from its last checkpoint and calls nothing"
 target/debug/rewind run examples/support/agent.toml \
-    --input examples/support/inputs.jsonl --state "$state" --output "$state/outputs-again.jsonl"
+    --input examples/support/inputs.jsonl --state "$state" --output "$state/outputs.jsonl"
+echo "outputs: $(wc -l < "$state/outputs.jsonl") lines, one per ticket"
 echo
 echo "== what was recorded for one customer"
 target/debug/rewind inspect --state "$state" --key cust-ana

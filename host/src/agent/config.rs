@@ -7,6 +7,7 @@ use serde::Deserialize;
 
 use crate::durable::DivergencePolicy;
 use crate::sandbox::Limits;
+use crate::store::MarkerStrategy;
 
 /// Keys processed at once, unless `parallelism` says otherwise.
 pub const DEFAULT_PARALLELISM: usize = 8;
@@ -29,6 +30,36 @@ pub struct AgentConfig {
     pub actions: Vec<ActionConfig>,
     #[serde(default)]
     pub functions: BTreeMap<String, FunctionConfig>,
+    #[serde(default)]
+    pub state: StateConfig,
+}
+
+/// `[state]`: the log, its markers and checkpoints.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
+pub struct StateConfig {
+    /// Partitions of the state log; fixed when the state directory is created. Default 8.
+    pub partitions: u32,
+    /// How checkpoints keep recorded calls reachable: `offsets` (default) or `refresh`.
+    pub marker: MarkerStrategy,
+    /// Take a checkpoint this often, in milliseconds. Default 1000.
+    pub checkpoint_every_ms: u64,
+    /// And after this many accepted inputs. Default 1000.
+    pub checkpoint_every_inputs: u64,
+    /// Checkpoints kept; retention keeps the log data the oldest of them needs. Default 3.
+    pub keep_checkpoints: usize,
+}
+
+impl Default for StateConfig {
+    fn default() -> Self {
+        Self {
+            partitions: 8,
+            marker: MarkerStrategy::default(),
+            checkpoint_every_ms: 1000,
+            checkpoint_every_inputs: 1000,
+            keep_checkpoints: 3,
+        }
+    }
 }
 
 fn default_parallelism() -> usize {
@@ -145,6 +176,11 @@ impl AgentConfig {
     fn validate(&self) -> Result<(), String> {
         if self.name.trim().is_empty() {
             return Err("`name` is empty".to_owned());
+        }
+        if self.state.partitions == 0 || self.state.keep_checkpoints == 0 {
+            return Err(
+                "`state.partitions` and `state.keep-checkpoints` must be at least 1".to_owned(),
+            );
         }
         if self.parallelism == 0 {
             return Err("`parallelism` must be at least 1".to_owned());

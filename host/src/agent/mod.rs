@@ -13,10 +13,10 @@ use std::sync::{Arc, Mutex};
 pub use build::{AgentBuilder, BuildError};
 pub use config::{
     ActionConfig, AgentConfig, AgentFile, ConfigError, DEFAULT_PARALLELISM, FunctionConfig,
-    FunctionKind,
+    FunctionKind, StateConfig,
 };
 pub use output::JsonlSink;
-pub use scheduler::{Progress, Summary, run_inputs};
+pub use scheduler::{Checkpointing, Progress, RunOptions, Summary, run_inputs};
 
 use crate::durable::digest::{input_trigger, sent_trigger};
 use crate::durable::{CallPolicy, CallStats, DurableCalls};
@@ -139,7 +139,12 @@ impl Agent {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    fn scope(&self, key: &str) -> KeyScope {
+    /// Replaces the short-term memory of `key` (recovery restores it from a checkpoint).
+    pub fn restore_memory(&self, key: &str, memory: BTreeMap<String, String>) {
+        self.lock_memory().insert(key.to_owned(), Arc::new(memory));
+    }
+
+    pub fn scope(&self, key: &str) -> KeyScope {
         KeyScope::new(&self.tenant, &self.name, key)
     }
 

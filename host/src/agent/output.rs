@@ -25,6 +25,51 @@ pub struct JsonlSink<W: Write> {
     seen: HashSet<OutputId>,
 }
 
+impl JsonlSink<std::io::BufWriter<std::fs::File>> {
+    /// Appends to the JSONL file at `path`, first reading the ids it already holds so that
+    /// replayed outputs are dropped. A last line cut short (the process died writing it) is
+    /// removed.
+    pub fn resume(path: &std::path::Path) -> std::io::Result<Self> {
+        let mut seen = HashSet::new();
+        if let Ok(text) = std::fs::read(path) {
+            let whole = text.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+            if whole < text.len() {
+                std::fs::File::options()
+                    .write(true)
+                    .open(path)?
+                    .set_len(whole as u64)?;
+            }
+            for line in text[..whole].split(|&b| b == b'\n') {
+                #[derive(serde::Deserialize)]
+                struct Ids {
+                    tenant: String,
+                    agent: String,
+                    key: String,
+                    sequence: u64,
+                    index: u32,
+                }
+                if let Ok(ids) = serde_json::from_slice::<Ids>(line) {
+                    seen.insert(OutputId {
+                        tenant: ids.tenant,
+                        agent: ids.agent,
+                        key: ids.key,
+                        sequence: ids.sequence,
+                        index: ids.index,
+                    });
+                }
+            }
+        }
+        let file = std::fs::File::options()
+            .create(true)
+            .append(true)
+            .open(path)?;
+        Ok(Self {
+            writer: std::io::BufWriter::new(file),
+            seen,
+        })
+    }
+}
+
 impl<W: Write> JsonlSink<W> {
     pub fn new(writer: W) -> Self {
         Self {

@@ -1,6 +1,6 @@
 //! Running many inputs: one input per key in flight, many keys at once.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -10,8 +10,10 @@ use tokio::sync::{Semaphore, mpsc};
 use super::input::{InputLine, LineError};
 use super::output::JsonlSink;
 use super::{Agent, InputError, InputReport};
+use crate::checkpoint::{Checkpoint, CheckpointId, CheckpointStore, KeyProgress, PendingInput};
 use crate::durable::CallStats;
 use crate::event::Input;
+use crate::log::Log;
 
 /// Told as inputs are accepted and finished (a progress bar, for instance).
 pub trait Progress {
@@ -44,51 +46,184 @@ pub struct Summary {
     pub elapsed: Duration,
 }
 
+/// How a run takes checkpoints (DESIGN.md, "Checkpoints and recovery").
+#[derive(Clone, Debug)]
+pub struct Checkpointing {
+    pub store: Arc<dyn CheckpointStore>,
+    /// Take one after this many accepted inputs.
+    pub every_inputs: Option<u64>,
+    /// Take one when this much time has passed since the last.
+    pub every: Option<Duration>,
+    /// Checkpoints kept.
+    pub keep: usize,
+    /// The log under the agent's store: retention deletes what the oldest kept checkpoint
+    /// no longer needs.
+    pub retention: Option<Arc<dyn Log>>,
+}
+
+/// How [`run_inputs`] runs.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RunOptions<'a> {
+    pub checkpointing: Option<&'a Checkpointing>,
+    /// Where to resume: the checkpoint recovery started from.
+    pub resume: Option<&'a Checkpoint>,
+}
+
+/// Accepted inputs and each key's progress, for checkpoints.
+#[derive(Debug, Default)]
+struct Tracker {
+    /// Line number of the last line consumed.
+    position: u64,
+    /// Per key: the next sequence and the last completed one.
+    keys: HashMap<String, (u64, u64)>,
+    /// Accepted and not complete, by (key, sequence).
+    pending: BTreeMap<(String, u64), PendingInput>,
+}
+
+/// Inputs accepted but not complete at once; intake waits beyond this.
+const IN_FLIGHT_PER_KEY_SLOT: usize = 64;
+
 /// Processes `lines` through `agent`, writing outputs to `sink` as inputs complete.
 ///
 /// Inputs of one key run one at a time in file order, and the n-th input of a key gets
 /// sequence n; up to the agent's `parallelism` keys run at once. When an input fails, the
 /// later inputs of its key are not run (they are reported as [`InputError::Blocked`]), so
 /// that no input runs on top of a key whose earlier input did not complete.
+///
+/// With `options.resume`, the checkpoint's keys and memory are restored, its pending inputs
+/// run first, and `lines` resume after its input position. With `options.checkpointing`,
+/// checkpoints are taken as it says and once more at the end.
 pub async fn run_inputs<W: Write>(
     agent: Arc<Agent>,
     lines: impl Iterator<Item = Result<InputLine, LineError>>,
     sink: &mut JsonlSink<W>,
     progress: &dyn Progress,
+    options: RunOptions<'_>,
 ) -> std::io::Result<Summary> {
     let started = Instant::now();
-    let mut summary = Summary::default();
-    let permits = Arc::new(Semaphore::new(agent.parallelism()));
-    let (done_tx, mut done_rx) = mpsc::unbounded_channel::<(Input, InputReport)>();
-    let mut keys: HashMap<String, (u64, mpsc::UnboundedSender<Input>)> = HashMap::new();
-
+    let (done_tx, done_rx) = mpsc::unbounded_channel::<(Input, InputReport)>();
+    let mut run = Run {
+        agent: Arc::clone(&agent),
+        permits: Arc::new(Semaphore::new(agent.parallelism())),
+        done_tx: Some(done_tx),
+        done_rx,
+        workers: HashMap::new(),
+        tracker: Tracker::default(),
+        summary: Summary::default(),
+        sink,
+        progress,
+        checkpointing: options.checkpointing,
+        next_checkpoint: options.resume.map_or(1, |c| c.id + 1),
+        since_checkpoint: (0, Instant::now()),
+    };
+    if let Some(checkpoint) = options.resume {
+        run.restore(checkpoint);
+    }
+    let skip_to = run.tracker.position;
+    let max_in_flight = agent.parallelism() * IN_FLIGHT_PER_KEY_SLOT;
     for line in lines {
         let line = match line {
+            Ok(line) if (line.line as u64) <= skip_to => continue,
+            Err(error) if (error.line as u64) <= skip_to => continue,
             Ok(line) => line,
             Err(error) => {
                 tracing::warn!("skipping input {error}");
-                summary.malformed.push(error);
+                run.summary.malformed.push(error);
                 continue;
             }
         };
-        summary.inputs += 1;
-        progress.accepted();
-        let (last, queue) = keys.entry(line.key.clone()).or_insert_with(|| {
+        while run.tracker.pending.len() >= max_in_flight {
+            run.wait_for_one().await?;
+        }
+        run.accept(line);
+        run.drain_ready()?;
+        if run.checkpoint_due() {
+            run.checkpoint().await;
+        }
+    }
+    run.finish().await?;
+    run.summary.elapsed = started.elapsed();
+    Ok(run.summary)
+}
+
+struct Run<'a, W: Write> {
+    agent: Arc<Agent>,
+    permits: Arc<Semaphore>,
+    done_tx: Option<mpsc::UnboundedSender<(Input, InputReport)>>,
+    done_rx: mpsc::UnboundedReceiver<(Input, InputReport)>,
+    workers: HashMap<String, mpsc::UnboundedSender<Input>>,
+    tracker: Tracker,
+    summary: Summary,
+    sink: &'a mut JsonlSink<W>,
+    progress: &'a dyn Progress,
+    checkpointing: Option<&'a Checkpointing>,
+    next_checkpoint: CheckpointId,
+    /// Inputs accepted and when, since the last checkpoint.
+    since_checkpoint: (u64, Instant),
+}
+
+impl<W: Write> Run<'_, W> {
+    /// Restores keys, memory and position from `checkpoint` and queues its pending inputs.
+    fn restore(&mut self, checkpoint: &Checkpoint) {
+        self.tracker.position = checkpoint.input_position;
+        for (key, progress) in &checkpoint.keys {
+            self.tracker.keys.insert(
+                key.clone(),
+                (progress.next_sequence, progress.last_completed),
+            );
+            self.agent.restore_memory(key, progress.memory.clone());
+        }
+        let mut pending = checkpoint.pending.clone();
+        pending.sort_by(|a, b| (&a.key, a.sequence).cmp(&(&b.key, b.sequence)));
+        for input in pending {
+            self.summary.inputs += 1;
+            self.progress.accepted();
+            self.dispatch(Input {
+                key: input.key,
+                sequence: input.sequence,
+                payload: input.payload,
+            });
+        }
+    }
+
+    /// Gives `line` its key's next sequence and queues it.
+    fn accept(&mut self, line: InputLine) {
+        self.summary.inputs += 1;
+        self.progress.accepted();
+        self.tracker.position = line.line as u64;
+        let (next, _) = self.tracker.keys.entry(line.key.clone()).or_insert((1, 0));
+        let sequence = *next;
+        *next += 1;
+        self.since_checkpoint.0 += 1;
+        self.dispatch(Input {
+            key: line.key,
+            sequence,
+            payload: line.payload,
+        });
+    }
+
+    fn dispatch(&mut self, input: Input) {
+        self.tracker.pending.insert(
+            (input.key.clone(), input.sequence),
+            PendingInput {
+                key: input.key.clone(),
+                sequence: input.sequence,
+                payload: input.payload.clone(),
+            },
+        );
+        let Some(done) = self.done_tx.clone() else {
+            return;
+        };
+        let queue = self.workers.entry(input.key.clone()).or_insert_with(|| {
             let (tx, rx) = mpsc::unbounded_channel();
             tokio::spawn(key_worker(
-                Arc::clone(&agent),
+                Arc::clone(&self.agent),
                 rx,
-                Arc::clone(&permits),
-                done_tx.clone(),
+                Arc::clone(&self.permits),
+                done,
             ));
-            (0, tx)
+            tx
         });
-        *last += 1;
-        let input = Input {
-            key: line.key,
-            sequence: *last,
-            payload: line.payload,
-        };
         if let Err(mpsc::error::SendError(input)) = queue.send(input) {
             // The worker is gone; only a bug gets here, and the input is still counted.
             let report = InputReport {
@@ -99,20 +234,163 @@ pub async fn run_inputs<W: Write>(
                 }),
                 ..InputReport::default()
             };
-            record(&mut summary, sink, &input, report, progress)?;
-        }
-        while let Ok((input, report)) = done_rx.try_recv() {
-            record(&mut summary, sink, &input, report, progress)?;
+            if let Some(done) = &self.done_tx {
+                let _ = done.send((input, report));
+            }
         }
     }
-    drop(keys);
-    drop(done_tx);
-    while let Some((input, report)) = done_rx.recv().await {
-        record(&mut summary, sink, &input, report, progress)?;
+
+    fn drain_ready(&mut self) -> std::io::Result<()> {
+        while let Ok((input, report)) = self.done_rx.try_recv() {
+            self.record(&input, report)?;
+        }
+        Ok(())
     }
-    sink.flush()?;
-    summary.elapsed = started.elapsed();
-    Ok(summary)
+
+    async fn wait_for_one(&mut self) -> std::io::Result<()> {
+        if let Some((input, report)) = self.done_rx.recv().await {
+            self.record(&input, report)?;
+        }
+        Ok(())
+    }
+
+    /// Waits for every accepted input, checkpointing on time meanwhile, then takes the
+    /// final checkpoint.
+    async fn finish(&mut self) -> std::io::Result<()> {
+        self.workers.clear();
+        self.done_tx = None;
+        let every = self.checkpointing.and_then(|c| c.every);
+        loop {
+            let next = match every {
+                Some(every) => {
+                    let due = self.since_checkpoint.1 + every;
+                    tokio::select! {
+                        next = self.done_rx.recv() => next,
+                        () = tokio::time::sleep_until(due.into()) => {
+                            self.checkpoint().await;
+                            continue;
+                        }
+                    }
+                }
+                None => self.done_rx.recv().await,
+            };
+            let Some((input, report)) = next else { break };
+            self.record(&input, report)?;
+        }
+        self.sink.flush()?;
+        if self.checkpointing.is_some() {
+            self.checkpoint().await;
+        }
+        Ok(())
+    }
+
+    fn checkpoint_due(&self) -> bool {
+        let Some(checkpointing) = self.checkpointing else {
+            return false;
+        };
+        let (inputs, since) = self.since_checkpoint;
+        checkpointing.every_inputs.is_some_and(|n| inputs >= n)
+            || checkpointing
+                .every
+                .is_some_and(|every| since.elapsed() >= every)
+    }
+
+    /// Takes a checkpoint: the cut, the marker, the atomic save; then prunes and retains.
+    /// A failure is logged and changes nothing: the previous checkpoint stays valid.
+    async fn checkpoint(&mut self) {
+        let Some(checkpointing) = self.checkpointing else {
+            return;
+        };
+        self.since_checkpoint = (0, Instant::now());
+        // The cut: taken while intake waits (this task is the intake).
+        let keys: BTreeMap<String, KeyProgress> = self
+            .tracker
+            .keys
+            .iter()
+            .map(|(key, &(next_sequence, last_completed))| {
+                let memory = BTreeMap::clone(&self.agent.memory(key));
+                (
+                    key.clone(),
+                    KeyProgress {
+                        next_sequence,
+                        last_completed,
+                        memory,
+                    },
+                )
+            })
+            .collect();
+        let pending: Vec<PendingInput> = self.tracker.pending.values().cloned().collect();
+        let id = self.next_checkpoint;
+        let result = async {
+            let marker = self
+                .agent
+                .store()
+                .marker()
+                .await
+                .map_err(|e| e.to_string())?;
+            let checkpoint = Checkpoint {
+                id,
+                input_position: self.tracker.position,
+                keys,
+                pending,
+                marker,
+            };
+            checkpointing
+                .store
+                .save(&checkpoint, checkpointing.keep)
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok::<_, String>(checkpoint)
+        }
+        .await;
+        let checkpoint = match result {
+            Ok(checkpoint) => checkpoint,
+            Err(error) => {
+                tracing::error!(
+                    checkpoint = id,
+                    "checkpoint failed; the previous one stays valid: {error}"
+                );
+                return;
+            }
+        };
+        self.next_checkpoint += 1;
+        tracing::debug!(
+            checkpoint = id,
+            pending = checkpoint.pending.len(),
+            "checkpoint taken"
+        );
+        for (key, progress) in &checkpoint.keys {
+            let scope = self.agent.scope(key);
+            if let Err(e) = self
+                .agent
+                .store()
+                .prune(&scope, progress.last_completed)
+                .await
+            {
+                tracing::warn!(key = %key, "pruning after checkpoint {id}: {e}");
+            }
+        }
+        if let Some(log) = &checkpointing.retention {
+            retain(&*checkpointing.store, &**log).await;
+        }
+    }
+}
+
+/// Deletes log data below the oldest kept checkpoint's marker.
+async fn retain(checkpoints: &dyn CheckpointStore, log: &dyn Log) {
+    let oldest = match checkpoints.oldest().await {
+        Ok(Some(oldest)) => oldest,
+        Ok(None) => return,
+        Err(e) => {
+            tracing::warn!("retention skipped: {e}");
+            return;
+        }
+    };
+    for (partition, &offset) in (0..log.partitions()).zip(&oldest.marker.offsets) {
+        if let Err(e) = log.delete_below(partition, offset).await {
+            tracing::warn!(partition, "retention: {e}");
+        }
+    }
 }
 
 async fn key_worker(
@@ -180,31 +458,38 @@ async fn process_catching_panics(agent: &Arc<Agent>, input: &Input) -> InputRepo
     }
 }
 
-fn record<W: Write>(
-    summary: &mut Summary,
-    sink: &mut JsonlSink<W>,
-    input: &Input,
-    report: InputReport,
-    progress: &dyn Progress,
-) -> std::io::Result<()> {
-    for output in &report.outputs {
-        if sink.write(output)? {
-            summary.outputs += 1;
-        } else {
-            summary.duplicates += 1;
+impl<W: Write> Run<'_, W> {
+    fn record(&mut self, input: &Input, report: InputReport) -> std::io::Result<()> {
+        let summary = &mut self.summary;
+        for output in &report.outputs {
+            if self.sink.write(output)? {
+                summary.outputs += 1;
+            } else {
+                summary.duplicates += 1;
+            }
         }
-    }
-    summary.runs += report.runs;
-    summary.reapplied += report.reapplied;
-    summary.calls += report.calls;
-    let completed = report.error.is_none();
-    match report.error {
-        None => summary.completed += 1,
-        Some(error) => {
-            tracing::error!(key = %input.key, sequence = input.sequence, "input failed: {error}");
-            summary.failed.push(error);
+        summary.runs += report.runs;
+        summary.reapplied += report.reapplied;
+        summary.calls += report.calls;
+        let completed = report.error.is_none();
+        match report.error {
+            None => {
+                summary.completed += 1;
+                // Inputs of a key complete in order, so this is the key's last completed.
+                self.tracker
+                    .pending
+                    .remove(&(input.key.clone(), input.sequence));
+                if let Some((_, last)) = self.tracker.keys.get_mut(&input.key) {
+                    *last = (*last).max(input.sequence);
+                }
+            }
+            Some(error) => {
+                // It stays pending: a recovery runs it again.
+                tracing::error!(key = %input.key, sequence = input.sequence, "input failed: {error}");
+                summary.failed.push(error);
+            }
         }
+        self.progress.finished(input, completed);
+        Ok(())
     }
-    progress.finished(input, completed);
-    Ok(())
 }

@@ -7,7 +7,11 @@ use std::process::ExitCode;
 use anyhow::bail;
 use rewind_host::store::{ActionState, CallOutcome};
 
-use super::run::{STATES_FILE, load_states};
+use rewind_host::checkpoint::CheckpointStore;
+use rewind_host::log::{FileLog, Recovery};
+use rewind_host::store::{ActionStateStore, MarkerStrategy};
+
+use super::state;
 
 #[derive(Debug, clap::Args)]
 pub struct InspectArgs {
@@ -22,15 +26,47 @@ pub struct InspectArgs {
     json: bool,
 }
 
-pub fn inspect(args: InspectArgs) -> anyhow::Result<ExitCode> {
-    let path = args.state.join(STATES_FILE);
-    let Some(states) = load_states(&path)? else {
+pub async fn inspect(args: InspectArgs) -> anyhow::Result<ExitCode> {
+    let Some(partitions) = FileLog::partitions_in(&state::log_dir(&args.state))? else {
         bail!(
-            "{} holds no recorded states (no {STATES_FILE}); run `rewind run` with --state {} first",
+            "{} holds no state log; run `rewind run --state {}` first",
             args.state.display(),
             args.state.display()
         );
     };
+    // Strict: inspecting cuts nothing, even if the run that wrote it is still going.
+    let recovered = state::recover(
+        &args.state,
+        partitions,
+        MarkerStrategy::Offsets,
+        Recovery::Strict,
+        state::Load::WholeLog,
+    )
+    .await?;
+    let store = &recovered.store;
+    let states: Vec<ActionState> = store
+        .scopes()
+        .iter()
+        .flat_map(|s| store.states(s))
+        .collect();
+    if !args.json {
+        let ids = recovered.checkpoints.list().await?;
+        match &recovered.latest {
+            Some(c) => println!(
+                "checkpoints: {ids:?}; newest {}: input after line {}, {} pending inputs, marker {:?}",
+                c.id,
+                c.input_position,
+                c.pending.len(),
+                c.marker.offsets
+            ),
+            None => println!("checkpoints: none yet"),
+        }
+        let mut bounds = Vec::new();
+        for partition in 0..recovered.log.partitions() {
+            bounds.push(recovered.log.bounds(partition).await?);
+        }
+        println!("log partitions [start, end): {bounds:?}");
+    }
     let mut by_key: BTreeMap<String, Vec<ActionState>> = BTreeMap::new();
     for state in states {
         if args.key.as_ref().is_none_or(|k| *k == state.key.scope.key) {

@@ -3,6 +3,7 @@
 mod check;
 mod inspect;
 mod run;
+mod state;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -63,6 +64,6 @@ pub async fn main(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Run(args) => run::run(args, sandbox()?).await,
         Command::Check(args) => check::check(args, sandbox()?),
-        Command::Inspect(args) => inspect::inspect(args),
+        Command::Inspect(args) => inspect::inspect(args).await,
     }
 }

@@ -1,19 +1,20 @@
 //! `rewind run AGENT.toml --input FILE.jsonl [--output FILE.jsonl]`.
 
-use std::io::{BufReader, IsTerminal as _, Write};
-use std::path::{Path, PathBuf};
+use std::io::{BufReader, IsTerminal as _};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use indicatif::{ProgressBar, ProgressStyle};
-use rewind_host::agent::{Agent, AgentFile, JsonlSink, Progress, Summary, input, run_inputs};
+use rewind_host::agent::{
+    Agent, AgentFile, Checkpointing, JsonlSink, Progress, RunOptions, Summary, input, run_inputs,
+};
+use rewind_host::log::Recovery;
 use rewind_host::sandbox::Sandbox;
-use rewind_host::store::{ActionState, InMemoryStore};
 
-/// The file, in the state directory, that keeps recorded states between runs.
-pub const STATES_FILE: &str = "states.json";
+use super::state;
 
 #[derive(Debug, clap::Args)]
 pub struct RunArgs {
@@ -25,7 +26,8 @@ pub struct RunArgs {
     /// Where outputs go, as JSON Lines (default: standard output).
     #[arg(long)]
     output: Option<PathBuf>,
-    /// Where recorded states are kept between runs.
+    /// The state directory: the log of recorded calls and the checkpoints. A run started
+    /// again with the same directory recovers from its newest checkpoint.
     #[arg(long, default_value = ".rewind")]
     state: PathBuf,
     /// Do not check that every function's endpoint accepts connections before starting.
@@ -46,14 +48,28 @@ impl Progress for Bar {
 
 pub async fn run(args: RunArgs, sandbox: Sandbox) -> anyhow::Result<ExitCode> {
     let file = AgentFile::load(&args.agent)?;
-    let store = Arc::new(InMemoryStore::default());
-    let states_path = args.state.join(STATES_FILE);
-    if let Some(states) = load_states(&states_path)? {
-        store.restore(states);
+    let config = file.config.state;
+    let agent_name = file.config.name.clone();
+    let recovered = state::recover(
+        &args.state,
+        config.partitions,
+        config.marker,
+        Recovery::TruncateTornTail,
+        state::Load::Recovery { agent: &agent_name },
+    )
+    .await?;
+    if let Some(checkpoint) = &recovered.latest {
+        eprintln!(
+            "resuming from checkpoint {} in {}: {} pending inputs, input resumes after line {}",
+            checkpoint.id,
+            args.state.display(),
+            checkpoint.pending.len(),
+            checkpoint.input_position
+        );
     }
     let agent = Arc::new(
         Agent::builder(file, Arc::new(sandbox))
-            .store(store.clone())
+            .store(recovered.store.clone())
             .build()?,
     );
     if !args.no_preflight {
@@ -61,14 +77,6 @@ pub async fn run(args: RunArgs, sandbox: Sandbox) -> anyhow::Result<ExitCode> {
     }
     let reader = std::fs::File::open(&args.input)
         .with_context(|| format!("cannot open the input file {}", args.input.display()))?;
-    let writer: Box<dyn Write> = match &args.output {
-        Some(path) => Box::new(std::io::BufWriter::new(
-            std::fs::File::create(path)
-                .with_context(|| format!("cannot create the output file {}", path.display()))?,
-        )),
-        None => Box::new(std::io::stdout().lock()),
-    };
-    let mut sink = JsonlSink::new(writer);
     let bar = if std::io::stderr().is_terminal() {
         let bar = ProgressBar::new(0);
         bar.set_style(
@@ -79,11 +87,31 @@ pub async fn run(args: RunArgs, sandbox: Sandbox) -> anyhow::Result<ExitCode> {
     } else {
         ProgressBar::hidden()
     };
+    let checkpointing = Checkpointing {
+        store: recovered.checkpoints.clone(),
+        every_inputs: Some(config.checkpoint_every_inputs),
+        every: Some(Duration::from_millis(config.checkpoint_every_ms)),
+        keep: config.keep_checkpoints,
+        retention: Some(recovered.log.clone()),
+    };
+    let options = RunOptions {
+        checkpointing: Some(&checkpointing),
+        resume: recovered.latest.as_ref(),
+    };
     let lines = input::read_lines(BufReader::new(reader));
-    let summary = run_inputs(Arc::clone(&agent), lines, &mut sink, &Bar(bar.clone())).await;
+    let progress = Bar(bar.clone());
+    let summary = match &args.output {
+        Some(path) => {
+            let mut sink = JsonlSink::resume(path)
+                .with_context(|| format!("cannot open the output file {}", path.display()))?;
+            run_inputs(Arc::clone(&agent), lines, &mut sink, &progress, options).await
+        }
+        None => {
+            let mut sink = JsonlSink::new(std::io::stdout().lock());
+            run_inputs(Arc::clone(&agent), lines, &mut sink, &progress, options).await
+        }
+    };
     bar.finish_and_clear();
-    // Whatever happened to the outputs, keep what was recorded.
-    save_states(&args.state, &states_path, store.snapshot())?;
     let summary = summary.context("writing the outputs")?;
     print_summary(&summary);
     Ok(
@@ -116,24 +144,6 @@ async fn preflight(agent: &Agent) -> anyhow::Result<()> {
         }
     }
     Ok(())
-}
-
-pub fn load_states(path: &Path) -> anyhow::Result<Option<Vec<ActionState>>> {
-    match std::fs::read(path) {
-        Ok(bytes) => serde_json::from_slice(&bytes)
-            .with_context(|| format!("{} is not a states file written by rewind", path.display()))
-            .map(Some),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(e).with_context(|| format!("cannot read {}", path.display())),
-    }
-}
-
-fn save_states(dir: &Path, path: &Path, states: Vec<ActionState>) -> anyhow::Result<()> {
-    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    let temp = path.with_extension("json.tmp");
-    std::fs::write(&temp, serde_json::to_vec(&states)?)
-        .with_context(|| format!("cannot write {}", temp.display()))?;
-    std::fs::rename(&temp, path).with_context(|| format!("cannot write {}", path.display()))
 }
 
 fn print_summary(summary: &Summary) {

@@ -4,7 +4,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use rewind_host::agent::input::InputLine;
-use rewind_host::agent::{JsonlSink, run_inputs};
+use rewind_host::agent::{JsonlSink, RunOptions, run_inputs};
 use serde_json::{Value, json};
 
 use crate::support::{agent_toml, agent_with, memory_store};
@@ -33,9 +33,15 @@ async fn a_thousand_inputs_over_fifty_keys_keep_per_key_order_and_each_output_ap
         })
         .collect();
     let mut sink = JsonlSink::new(Vec::new());
-    let summary = run_inputs(agent, lines.into_iter(), &mut sink, &())
-        .await
-        .expect("run");
+    let summary = run_inputs(
+        agent,
+        lines.into_iter(),
+        &mut sink,
+        &(),
+        RunOptions::default(),
+    )
+    .await
+    .expect("run");
     assert_eq!(
         (summary.inputs, summary.completed, summary.outputs),
         (1000, 1000, 1000),
@@ -87,9 +93,15 @@ async fn a_failed_input_blocks_the_later_inputs_of_its_key_only() {
         line(4, "b", json!({})),
     ];
     let mut sink = JsonlSink::new(Vec::new());
-    let summary = run_inputs(agent, lines.into_iter(), &mut sink, &())
-        .await
-        .expect("run");
+    let summary = run_inputs(
+        agent,
+        lines.into_iter(),
+        &mut sink,
+        &(),
+        RunOptions::default(),
+    )
+    .await
+    .expect("run");
     assert_eq!(summary.completed, 2, "a #1 and b #1: {summary:?}");
     let failures: Vec<String> = summary.failed.iter().map(ToString::to_string).collect();
     assert_eq!(failures.len(), 2, "{failures:?}");

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use rewind_host::agent::input::InputLine;
-use rewind_host::agent::{InputReport, JsonlSink, run_inputs};
+use rewind_host::agent::{InputReport, JsonlSink, RunOptions, run_inputs};
 use rewind_host::sandbox::LoadError;
 use serde_json::json;
 
@@ -193,9 +193,15 @@ async fn other_keys_keep_running_while_one_key_spins() {
     }
     let mut sink = JsonlSink::new(Vec::new());
     let order = Order::default();
-    let summary = run_inputs(agent, lines.into_iter(), &mut sink, &order)
-        .await
-        .expect("run");
+    let summary = run_inputs(
+        agent,
+        lines.into_iter(),
+        &mut sink,
+        &order,
+        RunOptions::default(),
+    )
+    .await
+    .expect("run");
     assert_eq!(summary.completed, 20, "{summary:?}");
     let failure = summary.failed[0].to_string();
     assert!(

@@ -96,6 +96,11 @@ impl FileLog {
         Ok((Self { shared, writer }, report))
     }
 
+    /// The partition count of the log in `dir`, or `None` when there is no log there.
+    pub fn partitions_in(dir: &Path) -> Result<Option<u32>, LogError> {
+        recovery::partitions_in(dir)
+    }
+
     pub fn dir(&self) -> &Path {
         &self.shared.dir
     }

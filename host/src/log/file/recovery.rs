@@ -68,6 +68,21 @@ pub(super) fn open(
     Ok((partitions, report))
 }
 
+/// The partition count of the log in `dir`, or `None` when there is no log there.
+pub(super) fn partitions_in(dir: &Path) -> Result<Option<u32>, LogError> {
+    let path = dir.join(FORMAT_FILE);
+    match std::fs::read(&path) {
+        Ok(bytes) => serde_json::from_slice::<Format>(&bytes)
+            .map(|f| Some(f.partitions))
+            .map_err(|e| LogError::Corrupt {
+                path: path.display().to_string(),
+                message: format!("not a log format file: {e}"),
+            }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(io(format!("reading {}", path.display()))(e)),
+    }
+}
+
 fn check_format(dir: &Path, partitions: u32) -> Result<(), LogError> {
     let path = dir.join(FORMAT_FILE);
     match std::fs::read(&path) {

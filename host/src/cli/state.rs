@@ -1,0 +1,96 @@
+//! The state directory: the log, the checkpoints, and recovery from them.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use rewind_host::agent::DEFAULT_TENANT;
+use rewind_host::checkpoint::{Checkpoint, CheckpointStore, FileCheckpoints};
+use rewind_host::log::{FileLog, FileLogOptions, Log, Recovery};
+use rewind_host::store::{ActionStateStore, KeyScope, LogStore, Marker, MarkerStrategy};
+
+/// What recovery found in a state directory.
+pub struct Recovered {
+    pub log: Arc<dyn Log>,
+    pub store: Arc<LogStore>,
+    pub checkpoints: Arc<FileCheckpoints>,
+    pub latest: Option<Checkpoint>,
+}
+
+pub fn log_dir(state: &Path) -> PathBuf {
+    state.join("log")
+}
+
+pub fn checkpoints_dir(state: &Path) -> PathBuf {
+    state.join("checkpoints")
+}
+
+/// Which states to load into the store.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Load<'a> {
+    /// What recovery needs: from the newest checkpoint's marker (everything, with no
+    /// checkpoint yet), then the states of inputs the checkpoint counts as complete pruned
+    /// again (the marker can reach back past them), for this agent.
+    Recovery { agent: &'a str },
+    /// Everything the log still holds, for inspection.
+    WholeLog,
+}
+
+/// Opens the state directory (creating it when new) and loads the store as `load` says.
+pub async fn recover(
+    state: &Path,
+    partitions: u32,
+    strategy: MarkerStrategy,
+    recovery: Recovery,
+    load: Load<'_>,
+) -> anyhow::Result<Recovered> {
+    let dir = log_dir(state);
+    let options = FileLogOptions {
+        partitions,
+        recovery,
+        ..FileLogOptions::default()
+    };
+    let (log, report) = FileLog::open(&dir, options)
+        .with_context(|| format!("opening the state log in {}", dir.display()))?;
+    for cut in &report.truncated {
+        eprintln!(
+            "recovery: cut {} bytes from the end of {} ({}); they were never acknowledged",
+            cut.bytes,
+            cut.path.display(),
+            cut.reason
+        );
+    }
+    let log: Arc<dyn Log> = Arc::new(log);
+    let checkpoints = Arc::new(FileCheckpoints::new(checkpoints_dir(state)));
+    let latest = checkpoints.latest().await?;
+    let marker = match (&latest, load) {
+        (Some(checkpoint), Load::Recovery { .. }) => checkpoint.marker.clone(),
+        _ => {
+            let mut offsets = Vec::new();
+            for partition in 0..log.partitions() {
+                offsets.push(log.bounds(partition).await?.0);
+            }
+            Marker { offsets }
+        }
+    };
+    let store = Arc::new(LogStore::new(Arc::clone(&log), strategy));
+    store
+        .rebuild(&marker)
+        .await
+        .with_context(|| match &latest {
+            Some(c) => format!("recovering from checkpoint {} in {}", c.id, state.display()),
+            None => format!("recovering {}", state.display()),
+        })?;
+    if let (Some(checkpoint), Load::Recovery { agent }) = (&latest, load) {
+        for (key, progress) in &checkpoint.keys {
+            let scope = KeyScope::new(DEFAULT_TENANT, agent, key);
+            store.prune(&scope, progress.last_completed).await?;
+        }
+    }
+    Ok(Recovered {
+        log,
+        store,
+        checkpoints,
+        latest,
+    })
+}
