@@ -18,6 +18,24 @@ struct Line<'a> {
     payload: &'a serde_json::value::RawValue,
 }
 
+/// Where outputs go: a writer that can also make what was written durable.
+pub trait OutputWriter: Write {
+    /// Makes everything written so far durable (for a file: flushed and synced).
+    fn sync(&mut self) -> std::io::Result<()> {
+        self.flush()
+    }
+}
+
+impl OutputWriter for std::io::BufWriter<std::fs::File> {
+    fn sync(&mut self) -> std::io::Result<()> {
+        self.flush()?;
+        self.get_ref().sync_data()
+    }
+}
+
+impl OutputWriter for Vec<u8> {}
+impl OutputWriter for std::io::StdoutLock<'_> {}
+
 /// Writes outputs as JSON Lines; an output whose id it has written before is dropped.
 #[derive(Debug)]
 pub struct JsonlSink<W: Write> {
@@ -109,6 +127,15 @@ impl<W: Write> JsonlSink<W> {
 
     pub fn flush(&mut self) -> std::io::Result<()> {
         self.writer.flush()
+    }
+
+    /// Makes every output written so far durable: a checkpoint that counts their inputs as
+    /// complete must not be saved before.
+    pub fn sync(&mut self) -> std::io::Result<()>
+    where
+        W: OutputWriter,
+    {
+        self.writer.sync()
     }
 
     pub fn into_inner(self) -> W {

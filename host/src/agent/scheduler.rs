@@ -1,14 +1,13 @@
 //! Running many inputs: one input per key in flight, many keys at once.
 
 use std::collections::{BTreeMap, HashMap};
-use std::io::Write;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::{Semaphore, mpsc};
 
 use super::input::{InputLine, LineError};
-use super::output::JsonlSink;
+use super::output::{JsonlSink, OutputWriter};
 use super::{Agent, InputError, InputReport};
 use crate::checkpoint::{Checkpoint, CheckpointId, CheckpointStore, KeyProgress, PendingInput};
 use crate::durable::CallStats;
@@ -93,7 +92,7 @@ const IN_FLIGHT_PER_KEY_SLOT: usize = 64;
 /// With `options.resume`, the checkpoint's keys and memory are restored, its pending inputs
 /// run first, and `lines` resume after its input position. With `options.checkpointing`,
 /// checkpoints are taken as it says and once more at the end.
-pub async fn run_inputs<W: Write>(
+pub async fn run_inputs<W: OutputWriter>(
     agent: Arc<Agent>,
     lines: impl Iterator<Item = Result<InputLine, LineError>>,
     sink: &mut JsonlSink<W>,
@@ -146,7 +145,7 @@ pub async fn run_inputs<W: Write>(
     Ok(run.summary)
 }
 
-struct Run<'a, W: Write> {
+struct Run<'a, W: OutputWriter> {
     agent: Arc<Agent>,
     permits: Arc<Semaphore>,
     done_tx: Option<mpsc::UnboundedSender<(Input, InputReport)>>,
@@ -162,7 +161,7 @@ struct Run<'a, W: Write> {
     since_checkpoint: (u64, Instant),
 }
 
-impl<W: Write> Run<'_, W> {
+impl<W: OutputWriter> Run<'_, W> {
     /// Restores keys, memory and position from `checkpoint` and queues its pending inputs.
     fn restore(&mut self, checkpoint: &Checkpoint) {
         self.tracker.position = checkpoint.input_position;
@@ -321,6 +320,14 @@ impl<W: Write> Run<'_, W> {
             .collect();
         let pending: Vec<PendingInput> = self.tracker.pending.values().cloned().collect();
         let id = self.next_checkpoint;
+        // The checkpoint counts inputs as complete: their outputs must be durable first.
+        if let Err(e) = self.sink.sync() {
+            tracing::error!(
+                checkpoint = id,
+                "checkpoint skipped: the outputs are not durable: {e}"
+            );
+            return;
+        }
         let result = async {
             let marker = self
                 .agent
@@ -458,7 +465,7 @@ async fn process_catching_panics(agent: &Arc<Agent>, input: &Input) -> InputRepo
     }
 }
 
-impl<W: Write> Run<'_, W> {
+impl<W: OutputWriter> Run<'_, W> {
     fn record(&mut self, input: &Input, report: InputReport) -> std::io::Result<()> {
         let summary = &mut self.summary;
         for output in &report.outputs {

@@ -5,6 +5,7 @@ mod calls;
 mod cli;
 mod concurrency;
 mod functions;
+mod kill;
 mod recovery;
 mod sandbox;
 mod store;
