@@ -25,6 +25,7 @@ macro_rules! log_conformance_tests {
             delete_below_keeps_every_record_at_or_above_the_offset,
             payloads_of_any_size_round_trip,
             an_unknown_partition_is_an_error,
+            append_many_returns_offsets_in_order,
         );
     };
     (@cases $factory:expr; $($case:ident),* $(,)?) => {
@@ -185,4 +186,26 @@ pub async fn an_unknown_partition_is_an_error(factory: &dyn Factory) {
         ),
         "{error}"
     );
+}
+
+pub async fn append_many_returns_offsets_in_order(factory: &dyn Factory) {
+    let log = factory(2);
+    append(&*log, 1, b"first").await;
+    let offsets = log
+        .append_many(vec![
+            (0, b"a".to_vec()),
+            (1, b"b".to_vec()),
+            (0, b"c".to_vec()),
+        ])
+        .await
+        .expect("append many");
+    assert_eq!(offsets, [0, 1, 1]);
+    let zero: Vec<Vec<u8>> = log
+        .read(0, 0, 10)
+        .await
+        .expect("read")
+        .into_iter()
+        .map(|r| r.payload)
+        .collect();
+    assert_eq!(zero, [b"a".to_vec(), b"c".to_vec()]);
 }

@@ -77,6 +77,17 @@ pub trait Log: Send + Sync + std::fmt::Debug {
     /// record may or may not be in the log: a reader may see it later.
     async fn append(&self, partition: u32, payload: Vec<u8>) -> Result<Offset, LogError>;
 
+    /// Appends each `(partition, payload)` as [`append`](Self::append) would, and returns
+    /// their offsets in the same order, once all of them are durable. The log may make them
+    /// durable together. On `Err`, any of them may or may not be in the log.
+    async fn append_many(&self, records: Vec<(u32, Vec<u8>)>) -> Result<Vec<Offset>, LogError> {
+        let mut offsets = Vec::with_capacity(records.len());
+        for (partition, payload) in records {
+            offsets.push(self.append(partition, payload).await?);
+        }
+        Ok(offsets)
+    }
+
     /// Reads up to `max` records of `partition` from offset `from`, in offset order.
     ///
     /// Returns only durable records. An empty result means `from` is the end. Fails with

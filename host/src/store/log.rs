@@ -1,7 +1,7 @@
 //! The action-state store over a [`Log`]: a cache in front, writes through to the log, and
 //! both marker strategies of DESIGN.md.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -33,8 +33,66 @@ struct Cached {
     state: Arc<ActionState>,
     /// The state as written, kept so that a refresh does not encode it again.
     encoded: Arc<Vec<u8>>,
+    partition: u32,
     /// Offset of this version's first write in its partition.
     offset: Offset,
+}
+
+/// The cached states, and per partition the offsets of their latest writes (a multiset), so
+/// that an `offsets` marker costs one lookup per partition however many states are cached.
+#[derive(Debug, Default)]
+struct Cache {
+    states: BTreeMap<StateKey, Cached>,
+    offsets: Vec<BTreeMap<Offset, u32>>,
+}
+
+impl Cache {
+    fn new(partitions: u32) -> Self {
+        Self {
+            states: BTreeMap::new(),
+            offsets: vec![BTreeMap::new(); partitions as usize],
+        }
+    }
+
+    fn insert(&mut self, cached: Cached) {
+        self.count(cached.partition, cached.offset, true);
+        if let Some(old) = self.states.insert(cached.state.key.clone(), cached) {
+            self.count(old.partition, old.offset, false);
+        }
+    }
+
+    fn retain(&mut self, mut keep: impl FnMut(&StateKey) -> bool) {
+        let mut dropped = Vec::new();
+        self.states.retain(|key, cached| {
+            let kept = keep(key);
+            if !kept {
+                dropped.push((cached.partition, cached.offset));
+            }
+            kept
+        });
+        for (partition, offset) in dropped {
+            self.count(partition, offset, false);
+        }
+    }
+
+    fn count(&mut self, partition: u32, offset: Offset, add: bool) {
+        let Some(counts) = self.offsets.get_mut(partition as usize) else {
+            return;
+        };
+        if add {
+            *counts.entry(offset).or_default() += 1;
+        } else if let Some(n) = counts.get_mut(&offset) {
+            *n -= 1;
+            if *n == 0 {
+                counts.remove(&offset);
+            }
+        }
+    }
+
+    /// The offset of the oldest latest-write cached in `partition`.
+    fn oldest(&self, partition: usize) -> Option<Offset> {
+        self.offsets.get(partition)?.keys().next().copied()
+    }
 }
 
 /// An [`ActionStateStore`] over any [`Log`].
@@ -42,7 +100,7 @@ struct Cached {
 pub struct LogStore {
     log: Arc<dyn Log>,
     strategy: MarkerStrategy,
-    cache: Mutex<BTreeMap<StateKey, Cached>>,
+    cache: Mutex<Cache>,
     next_version: AtomicU64,
 }
 
@@ -55,9 +113,9 @@ impl LogStore {
     /// to load what a marker points at.
     pub fn new(log: Arc<dyn Log>, strategy: MarkerStrategy) -> Self {
         Self {
+            cache: Mutex::new(Cache::new(log.partitions())),
             log,
             strategy,
-            cache: Mutex::new(BTreeMap::new()),
             next_version: AtomicU64::new(1),
         }
     }
@@ -70,7 +128,7 @@ impl LogStore {
         &self.log
     }
 
-    fn cache(&self) -> MutexGuard<'_, BTreeMap<StateKey, Cached>> {
+    fn cache(&self) -> MutexGuard<'_, Cache> {
         self.cache
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -83,19 +141,19 @@ impl LogStore {
     /// Caches `state` written at `offset`, unless the cache already holds a newer version
     /// (a refresh racing a write must not bring an older version back).
     fn remember(&self, state: Arc<ActionState>, encoded: Arc<Vec<u8>>, offset: Offset) {
+        let partition = self.partition_of(&state.key);
         let mut cache = self.cache();
         let newer_cached = cache
+            .states
             .get(&state.key)
             .is_some_and(|cached| cached.state.version >= state.version);
         if !newer_cached {
-            cache.insert(
-                state.key.clone(),
-                Cached {
-                    state,
-                    encoded,
-                    offset,
-                },
-            );
+            cache.insert(Cached {
+                state,
+                encoded,
+                partition,
+                offset,
+            });
         }
     }
 
@@ -114,27 +172,29 @@ impl LogStore {
 
     async fn refresh(&self) -> Result<Marker, StoreError> {
         let offsets = self.end_offsets().await?;
-        let states: Vec<(u32, Arc<Vec<u8>>)> = self
+        let states: Vec<(u32, Vec<u8>)> = self
             .cache()
-            .iter()
-            .map(|(key, cached)| (self.partition_of(key), Arc::clone(&cached.encoded)))
+            .states
+            .values()
+            .map(|cached| (cached.partition, cached.encoded.as_ref().clone()))
             .collect();
-        // Every cached state, in its latest version, at or after the captured offsets. The
-        // cache does not change: its entries already hold these versions.
-        for (partition, encoded) in states {
-            self.log
-                .append(partition, encoded.as_ref().clone())
-                .await
-                .map_err(log_error("re-appending a cached state"))?;
-        }
+        // Every cached state, in its latest version, at or after the captured offsets, made
+        // durable together. The cache does not change: its entries already hold these
+        // versions.
+        self.log
+            .append_many(states)
+            .await
+            .map_err(log_error("re-appending the cached states"))?;
         Ok(Marker { offsets })
     }
 
     async fn oldest_writes(&self) -> Result<Marker, StoreError> {
         let mut offsets = self.end_offsets().await?;
-        for (key, cached) in self.cache().iter() {
-            let partition = self.partition_of(key) as usize;
-            offsets[partition] = offsets[partition].min(cached.offset);
+        let cache = self.cache();
+        for (partition, offset) in offsets.iter_mut().enumerate() {
+            if let Some(oldest) = cache.oldest(partition) {
+                *offset = (*offset).min(oldest);
+            }
         }
         Ok(Marker { offsets })
     }
@@ -164,12 +224,14 @@ impl ActionStateStore for LogStore {
 
     fn get(&self, key: &StateKey) -> Option<ActionState> {
         self.cache()
+            .states
             .get(key)
             .map(|cached| ActionState::clone(&cached.state))
     }
 
     fn states(&self, scope: &KeyScope) -> Vec<ActionState> {
         self.cache()
+            .states
             .iter()
             .filter(|(key, _)| &key.scope == scope)
             .map(|(_, cached)| ActionState::clone(&cached.state))
@@ -177,14 +239,19 @@ impl ActionStateStore for LogStore {
     }
 
     fn scopes(&self) -> Vec<KeyScope> {
-        let mut scopes: Vec<KeyScope> = self.cache().keys().map(|k| k.scope.clone()).collect();
+        let mut scopes: Vec<KeyScope> = self
+            .cache()
+            .states
+            .keys()
+            .map(|k| k.scope.clone())
+            .collect();
         scopes.dedup();
         scopes
     }
 
     async fn prune(&self, scope: &KeyScope, up_to: u64) -> Result<(), StoreError> {
         self.cache()
-            .retain(|key, _| !(&key.scope == scope && key.sequence <= up_to));
+            .retain(|key| !(&key.scope == scope && key.sequence <= up_to));
         Ok(())
     }
 
@@ -203,8 +270,7 @@ impl ActionStateStore for LogStore {
                 log: partitions as usize,
             });
         }
-        let mut newest: HashMap<StateKey, Cached> = HashMap::new();
-        let mut highest = 0;
+        let mut records = Vec::new();
         for (partition, &from) in (0..partitions).zip(&marker.offsets) {
             let (start, end) = self
                 .log
@@ -221,41 +287,86 @@ impl ActionStateStore for LogStore {
             }
             let mut next = from;
             while next < end {
-                let records = self
+                let batch = self
                     .log
                     .read(partition, next, REBUILD_BATCH)
                     .await
                     .map_err(log_error("reading the log"))?;
-                let Some(last) = records.last() else { break };
+                let Some(last) = batch.last() else { break };
                 next = last.offset + 1;
-                for record in records {
-                    let state =
-                        encoding::decode(&record.payload).map_err(|e| StoreError::Decode {
-                            partition,
-                            offset: record.offset,
-                            message: e.to_string(),
-                        })?;
-                    highest = highest.max(state.version);
-                    let keep = newest
-                        .get(&state.key)
-                        .is_none_or(|seen| seen.state.version < state.version);
-                    if keep {
-                        newest.insert(
-                            state.key.clone(),
-                            Cached {
-                                state: Arc::new(state),
-                                encoded: Arc::new(record.payload),
-                                offset: record.offset,
-                            },
-                        );
-                    }
-                }
+                records.extend(batch.into_iter().map(|r| (partition, r)));
+            }
+        }
+        let decoded = decode_all(records)?;
+        let mut cache = Cache::new(partitions);
+        let mut highest = 0;
+        for cached in decoded {
+            highest = highest.max(cached.state.version);
+            let newer_seen = cache
+                .states
+                .get(&cached.state.key)
+                .is_some_and(|seen| seen.state.version >= cached.state.version);
+            if !newer_seen {
+                cache.insert(cached);
             }
         }
         self.next_version.fetch_max(highest + 1, Ordering::Relaxed);
-        *self.cache() = newest.into_iter().collect();
+        *self.cache() = cache;
         Ok(())
     }
+}
+
+/// Decodes records into cache entries, on every core: decoding is most of a rebuild's time.
+fn decode_all(records: Vec<(u32, crate::log::Record)>) -> Result<Vec<Cached>, StoreError> {
+    let threads = std::thread::available_parallelism().map_or(1, usize::from);
+    let chunk = records.len().div_ceil(threads).max(1);
+    let mut chunks: Vec<Vec<(u32, crate::log::Record)>> = Vec::new();
+    let mut records = records.into_iter().peekable();
+    while records.peek().is_some() {
+        chunks.push(records.by_ref().take(chunk).collect());
+    }
+    let decoded: Vec<Result<Vec<Cached>, StoreError>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = chunks
+            .into_iter()
+            .map(|chunk| {
+                scope.spawn(move || {
+                    chunk
+                        .into_iter()
+                        .map(|(partition, record)| {
+                            let state = encoding::decode(&record.payload).map_err(|e| {
+                                StoreError::Decode {
+                                    partition,
+                                    offset: record.offset,
+                                    message: e.to_string(),
+                                }
+                            })?;
+                            Ok(Cached {
+                                state: Arc::new(state),
+                                encoded: Arc::new(record.payload),
+                                partition,
+                                offset: record.offset,
+                            })
+                        })
+                        .collect()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join().unwrap_or_else(|_| {
+                    Err(StoreError::Unavailable(
+                        "a decoding thread panicked".to_owned(),
+                    ))
+                })
+            })
+            .collect()
+    });
+    let mut all = Vec::new();
+    for part in decoded {
+        all.extend(part?);
+    }
+    Ok(all)
 }
 
 #[cfg(test)]

@@ -124,6 +124,19 @@ impl Log for FileLog {
         self.writer.append(partition, payload).await
     }
 
+    async fn append_many(&self, records: Vec<(u32, Vec<u8>)>) -> Result<Vec<Offset>, LogError> {
+        for (partition, payload) in &records {
+            if payload.len() > entry::MAX_PAYLOAD {
+                return Err(LogError::TooLarge {
+                    size: payload.len(),
+                    max: entry::MAX_PAYLOAD,
+                });
+            }
+            drop(self.shared.partition(*partition)?);
+        }
+        self.writer.append_many(records).await
+    }
+
     async fn read(
         &self,
         partition: u32,

@@ -68,6 +68,30 @@ impl Writer {
     }
 }
 
+impl Writer {
+    /// Queues every record before waiting for any, so that they share syncs.
+    pub async fn append_many(&self, records: Vec<(u32, Vec<u8>)>) -> Result<Vec<Offset>, LogError> {
+        let sender = self.sender.as_ref().ok_or(LogError::Closed)?;
+        let mut answers = Vec::with_capacity(records.len());
+        for (partition, payload) in records {
+            let (reply, answer) = oneshot::channel();
+            sender
+                .send(Append {
+                    partition,
+                    payload,
+                    reply,
+                })
+                .map_err(|_| LogError::Closed)?;
+            answers.push(answer);
+        }
+        let mut offsets = Vec::with_capacity(answers.len());
+        for answer in answers {
+            offsets.push(answer.await.map_err(|_| LogError::Closed)??);
+        }
+        Ok(offsets)
+    }
+}
+
 impl Drop for Writer {
     fn drop(&mut self) {
         self.sender = None;
@@ -107,11 +131,24 @@ fn commit(shared: &Shared, batch: Vec<Append>) {
         }
         written.push((append, result));
     }
-    for (&partition, outcome) in synced.iter_mut() {
-        if let Err(e) = shared.partition(partition).and_then(|mut p| p.sync()) {
-            *outcome = Err(e.to_string());
+    // One fdatasync per partition written to, all at once: each is a different file.
+    std::thread::scope(|scope| {
+        let syncs: Vec<_> = synced
+            .iter_mut()
+            .map(|(&partition, outcome)| {
+                scope.spawn(move || {
+                    if let Err(e) = shared.partition(partition).and_then(|mut p| p.sync()) {
+                        *outcome = Err(e.to_string());
+                    }
+                })
+            })
+            .collect();
+        for sync in syncs {
+            if sync.join().is_err() {
+                tracing::error!("a log sync thread panicked");
+            }
         }
-    }
+    });
     for (append, result) in written {
         let result = match (result, synced.get(&append.partition)) {
             (Ok(_), Some(Err(why))) => Err(LogError::Io {

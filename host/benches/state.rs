@@ -1,0 +1,228 @@
+//! Issue #3's figures: a live durable call on the embedded log beside the machine's
+//! fdatasync, throughput with 64 keys, checkpoint cost under both marker strategies, and
+//! recovery time. A bench binary (not criterion): each figure is one measured run.
+//!
+//! `cargo bench -p rewind-host --bench state`; results in BENCHMARKS.md.
+
+use std::io::Write;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use rewind_host::durable::{CallPolicy, DurableCalls};
+use rewind_host::event::Event;
+use rewind_host::functions::{CallRequest, Function, FunctionError, Functions};
+use rewind_host::log::{FileLog, FileLogOptions, Log};
+use rewind_host::store::{
+    ActionState, ActionStateStore, Digest, KeyScope, LogStore, MarkerStrategy, StateKey,
+};
+
+#[derive(Debug)]
+struct Noop;
+
+#[async_trait]
+impl Function for Noop {
+    async fn call(&self, _request: CallRequest<'_>) -> Result<String, FunctionError> {
+        Ok("{}".to_owned())
+    }
+}
+
+fn median(mut samples: Vec<Duration>) -> Duration {
+    samples.sort_unstable();
+    samples[samples.len() / 2]
+}
+
+fn key(name: &str, sequence: u64) -> StateKey {
+    StateKey {
+        scope: KeyScope::new("bench", "bench", name),
+        sequence,
+        action: "act".to_owned(),
+        trigger: Digest::of(&[b"input"]),
+    }
+}
+
+fn open(dir: &Path, partitions: u32) -> Arc<dyn Log> {
+    let options = FileLogOptions {
+        partitions,
+        ..FileLogOptions::default()
+    };
+    Arc::new(FileLog::open(dir, options).expect("open").0)
+}
+
+/// fdatasync of a 1 KiB append, on the same disk as the logs.
+fn fdatasync_1k(dir: &Path, samples: usize) -> Duration {
+    let mut file = std::fs::File::create(dir.join("fdatasync")).expect("create");
+    let block = [7u8; 1024];
+    let mut times = Vec::with_capacity(samples);
+    for _ in 0..samples {
+        let started = Instant::now();
+        file.write_all(&block).expect("write");
+        file.sync_data().expect("sync");
+        times.push(started.elapsed());
+    }
+    median(times)
+}
+
+fn calls(
+    store: &Arc<dyn ActionStateStore>,
+    functions: &Arc<Functions>,
+    state: ActionState,
+) -> DurableCalls {
+    let policy = Arc::new(CallPolicy {
+        calls_per_run: u32::MAX,
+        ..CallPolicy::default()
+    });
+    DurableCalls::new(Arc::clone(store), Arc::clone(functions), policy, state)
+}
+
+async fn live_call_one_key(dir: &Path, functions: &Arc<Functions>, samples: usize) -> Duration {
+    let store: Arc<dyn ActionStateStore> =
+        Arc::new(LogStore::new(open(dir, 8), MarkerStrategy::Offsets));
+    let mut times = Vec::with_capacity(samples);
+    for n in 0..samples as u64 {
+        let mut run = calls(
+            &store,
+            functions,
+            ActionState::new(key("one", n), Event::new("input", "{}")),
+        );
+        let started = Instant::now();
+        let result = run.call("noop", r#"{"q":"where is my order?"}"#).await;
+        times.push(started.elapsed());
+        assert!(matches!(result, Ok(Ok(_))));
+    }
+    median(times)
+}
+
+async fn throughput_64_keys(dir: &Path, functions: &Arc<Functions>, per_key: u64) -> f64 {
+    let store: Arc<dyn ActionStateStore> =
+        Arc::new(LogStore::new(open(dir, 8), MarkerStrategy::Offsets));
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for k in 0..64 {
+        let (store, functions) = (Arc::clone(&store), Arc::clone(functions));
+        tasks.push(tokio::spawn(async move {
+            // Four calls per action run, as a short action would make.
+            for n in 0..per_key / 4 {
+                let state =
+                    ActionState::new(key(&format!("key-{k}"), n), Event::new("input", "{}"));
+                let mut run = calls(&store, &functions, state);
+                for i in 0..4 {
+                    let result = run.call("noop", &format!("{{\"i\":{i}}}")).await;
+                    assert!(matches!(result, Ok(Ok(_))));
+                }
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.expect("task");
+    }
+    (64 * per_key) as f64 / started.elapsed().as_secs_f64()
+}
+
+/// A state of about 1 KiB.
+fn one_kib_state(n: u64) -> ActionState {
+    let payload = format!("{{\"text\":\"{}\"}}", "x".repeat(800));
+    ActionState::new(
+        key(&format!("key-{}", n % 1000), n),
+        Event::new("input", payload),
+    )
+}
+
+async fn fill(store: &Arc<LogStore>, states: u64) {
+    let mut tasks = Vec::new();
+    for worker in 0..256 {
+        let store = Arc::clone(store);
+        tasks.push(tokio::spawn(async move {
+            let mut n = worker;
+            while n < states {
+                store.put(&one_kib_state(n)).await.expect("put");
+                n += 256;
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.expect("task");
+    }
+}
+
+fn dir_bytes(dir: &Path) -> u64 {
+    walk(dir)
+        .iter()
+        .map(|p| std::fs::metadata(p).map_or(0, |m| m.len()))
+        .sum()
+}
+
+fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).expect("dir") {
+        let path = entry.expect("entry").path();
+        if path.is_dir() {
+            files.extend(walk(&path));
+        } else {
+            files.push(path);
+        }
+    }
+    files
+}
+
+fn main() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/rewind-bench-state");
+    let _ = std::fs::remove_dir_all(&root);
+    std::fs::create_dir_all(&root).expect("bench dir");
+    let mut functions = Functions::new();
+    functions.register("noop", Arc::new(Noop), None);
+    let functions = Arc::new(functions);
+
+    runtime.block_on(async {
+        let sync = fdatasync_1k(&root, 500);
+        let call = live_call_one_key(&root.join("one-key"), &functions, 500).await;
+        println!("fdatasync of a 1 KiB append (median of 500):        {sync:>10.1?}");
+        println!(
+            "live durable call, embedded log, one key (median):  {call:>10.1?}  ({:.2}x fdatasync)",
+            call.as_secs_f64() / sync.as_secs_f64()
+        );
+        let rate = throughput_64_keys(&root.join("64-keys"), &functions, 2000).await;
+        println!("64 keys at once, no-op handler:                      {rate:>10.0} calls/s");
+
+        for states in [1_000u64, 10_000, 100_000] {
+            for strategy in [MarkerStrategy::Offsets, MarkerStrategy::Refresh] {
+                let dir = root.join(format!("checkpoint-{states}-{strategy:?}"));
+                let log = open(&dir, 8);
+                let store = Arc::new(LogStore::new(Arc::clone(&log), strategy));
+                fill(&store, states).await;
+                let before = dir_bytes(&dir);
+                let started = Instant::now();
+                let marker = store.marker().await.expect("marker");
+                let took = started.elapsed();
+                let appended = dir_bytes(&dir) - before;
+                println!(
+                    "checkpoint, {states:>6} cached states of ~1 KiB, {strategy:<7?}: {took:>10.2?}, {appended:>10} bytes appended{}",
+                    if appended > 0 {
+                        format!(", {:.0} MB/s", appended as f64 / took.as_secs_f64() / 1e6)
+                    } else {
+                        String::new()
+                    }
+                );
+                if states == 100_000 && strategy == MarkerStrategy::Offsets {
+                    drop(store);
+                    drop(log);
+                    let log = open(&dir, 8);
+                    let started = Instant::now();
+                    let recovered = LogStore::new(Arc::clone(&log), strategy);
+                    recovered.rebuild(&marker).await.expect("rebuild");
+                    let took = started.elapsed();
+                    let count: usize = recovered.scopes().iter().map(|s| recovered.states(s).len()).sum();
+                    assert_eq!(count, 100_000);
+                    println!("recovery of {count} states (open + rebuild):          {took:>10.2?}");
+                }
+            }
+        }
+    });
+    let _ = std::fs::remove_dir_all(&root);
+}
