@@ -131,24 +131,7 @@ fn commit(shared: &Shared, batch: Vec<Append>) {
         }
         written.push((append, result));
     }
-    // One fdatasync per partition written to, all at once: each is a different file.
-    std::thread::scope(|scope| {
-        let syncs: Vec<_> = synced
-            .iter_mut()
-            .map(|(&partition, outcome)| {
-                scope.spawn(move || {
-                    if let Err(e) = shared.partition(partition).and_then(|mut p| p.sync()) {
-                        *outcome = Err(e.to_string());
-                    }
-                })
-            })
-            .collect();
-        for sync in syncs {
-            if sync.join().is_err() {
-                tracing::error!("a log sync thread panicked");
-            }
-        }
-    });
+    sync(shared, &mut synced);
     for (append, result) in written {
         let result = match (result, synced.get(&append.partition)) {
             (Ok(_), Some(Err(why))) => Err(LogError::Io {
@@ -160,4 +143,31 @@ fn commit(shared: &Shared, batch: Vec<Append>) {
         // The caller may have stopped waiting; the record is in the log all the same.
         let _ = append.reply.send(result);
     }
+}
+
+/// One fdatasync per partition written to. Several partitions are different files, synced
+/// at once on threads of their own; a single one is synced here.
+fn sync(shared: &Shared, synced: &mut BTreeMap<u32, Result<(), String>>) {
+    let sync_one = |partition: u32, outcome: &mut Result<(), String>| {
+        if let Err(e) = shared.partition(partition).and_then(|mut p| p.sync()) {
+            *outcome = Err(e.to_string());
+        }
+    };
+    if synced.len() <= 1 {
+        for (&partition, outcome) in synced.iter_mut() {
+            sync_one(partition, outcome);
+        }
+        return;
+    }
+    std::thread::scope(|scope| {
+        let threads: Vec<_> = synced
+            .iter_mut()
+            .map(|(&partition, outcome)| scope.spawn(move || sync_one(partition, outcome)))
+            .collect();
+        for thread in threads {
+            if thread.join().is_err() {
+                tracing::error!("a log sync thread panicked");
+            }
+        }
+    });
 }
