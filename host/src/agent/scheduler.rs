@@ -301,7 +301,11 @@ impl<W: OutputWriter> Run<'_, W> {
             return;
         };
         self.since_checkpoint = (0, Instant::now());
-        // The cut: taken while intake waits (this task is the intake).
+        // The cut: taken while intake waits (this task is the intake). In-flight inputs go
+        // on meanwhile, so a key's memory may already hold the writes of actions of its
+        // pending input that completed. That is consistent: on recovery that input runs
+        // again, its completed actions are re-applied (the same writes, in the same order)
+        // and its other actions read what they read the first time.
         let keys: BTreeMap<String, KeyProgress> = self
             .tracker
             .keys
