@@ -1,30 +1,20 @@
 //! Start + run of a trivial action, and durable calls served from a record or made live.
 //!
 //! `cargo bench -p rewind-host --bench durable`; results and targets in BENCHMARKS.md.
-
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
 use criterion::{Criterion, criterion_group, criterion_main};
-use rewind_host::durable::{CallPolicy, DurableCalls};
 use rewind_host::event::Event;
-use rewind_host::functions::{CallRequest, Function, FunctionError, Functions};
 use rewind_host::sandbox::{Limits, RunInput, RunLabels, Sandbox};
 use rewind_host::store::{
     ActionState, ActionStateStore, Digest, InMemoryStore, KeyScope, StateKey,
 };
 
-#[derive(Debug)]
-struct Noop;
+use common::{calls, noop_functions};
 
-#[async_trait]
-impl Function for Noop {
-    async fn call(&self, _request: CallRequest<'_>) -> Result<String, FunctionError> {
-        Ok("{}".to_owned())
-    }
-}
+mod common;
 
 fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -50,27 +40,13 @@ fn key(sequence: u64) -> StateKey {
     }
 }
 
-fn calls(
-    store: &Arc<dyn ActionStateStore>,
-    functions: &Arc<Functions>,
-    state: ActionState,
-) -> DurableCalls {
-    let policy = Arc::new(CallPolicy {
-        calls_per_run: u32::MAX,
-        ..CallPolicy::default()
-    });
-    DurableCalls::new(Arc::clone(store), Arc::clone(functions), policy, state)
-}
-
 fn benches(c: &mut Criterion) {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .expect("runtime");
     let store: Arc<dyn ActionStateStore> = Arc::new(InMemoryStore::default());
-    let mut functions = Functions::new();
-    functions.register("noop", Arc::new(Noop), None);
-    let functions = Arc::new(functions);
+    let functions = noop_functions();
 
     let sandbox = Sandbox::builder()
         .cache_dir(Some(root().join("target/rewind-bench-cache")))

@@ -3,30 +3,21 @@
 //! recovery time. A bench binary (not criterion): each figure is one measured run.
 //!
 //! `cargo bench -p rewind-host --bench state`; results in BENCHMARKS.md.
-
 use std::io::Write;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
-use rewind_host::durable::{CallPolicy, DurableCalls};
 use rewind_host::event::Event;
-use rewind_host::functions::{CallRequest, Function, FunctionError, Functions};
+use rewind_host::functions::Functions;
 use rewind_host::log::{FileLog, FileLogOptions, Log};
 use rewind_host::store::{
     ActionState, ActionStateStore, Digest, KeyScope, LogStore, MarkerStrategy, StateKey,
 };
 
-#[derive(Debug)]
-struct Noop;
+use common::{calls, noop_functions};
 
-#[async_trait]
-impl Function for Noop {
-    async fn call(&self, _request: CallRequest<'_>) -> Result<String, FunctionError> {
-        Ok("{}".to_owned())
-    }
-}
+mod common;
 
 fn median(mut samples: Vec<Duration>) -> Duration {
     samples.sort_unstable();
@@ -62,18 +53,6 @@ fn fdatasync_1k(dir: &Path, samples: usize) -> Duration {
         times.push(started.elapsed());
     }
     median(times)
-}
-
-fn calls(
-    store: &Arc<dyn ActionStateStore>,
-    functions: &Arc<Functions>,
-    state: ActionState,
-) -> DurableCalls {
-    let policy = Arc::new(CallPolicy {
-        calls_per_run: u32::MAX,
-        ..CallPolicy::default()
-    });
-    DurableCalls::new(Arc::clone(store), Arc::clone(functions), policy, state)
 }
 
 async fn live_call_one_key(dir: &Path, functions: &Arc<Functions>, samples: usize) -> Duration {
@@ -175,9 +154,7 @@ fn main() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/rewind-bench-state");
     let _ = std::fs::remove_dir_all(&root);
     std::fs::create_dir_all(&root).expect("bench dir");
-    let mut functions = Functions::new();
-    functions.register("noop", Arc::new(Noop), None);
-    let functions = Arc::new(functions);
+    let functions = noop_functions();
 
     runtime.block_on(async {
         let sync = fdatasync_1k(&root, 500);
