@@ -138,25 +138,6 @@ impl LogStore {
         key.scope.partition(self.log.partitions())
     }
 
-    /// Caches `state` written at `offset`, unless the cache already holds a newer version
-    /// (a refresh racing a write must not bring an older version back).
-    fn remember(&self, state: Arc<ActionState>, encoded: Arc<Vec<u8>>, offset: Offset) {
-        let partition = self.partition_of(&state.key);
-        let mut cache = self.cache();
-        let newer_cached = cache
-            .states
-            .get(&state.key)
-            .is_some_and(|cached| cached.state.version >= state.version);
-        if !newer_cached {
-            cache.insert(Cached {
-                state,
-                encoded,
-                partition,
-                offset,
-            });
-        }
-    }
-
     async fn end_offsets(&self) -> Result<Vec<Offset>, StoreError> {
         let mut ends = Vec::with_capacity(self.log.partitions() as usize);
         for partition in 0..self.log.partitions() {
@@ -218,7 +199,21 @@ impl ActionStateStore for LogStore {
             .append(partition, encoded.as_ref().clone())
             .await
             .map_err(log_error("writing an action state"))?;
-        self.remember(state, encoded, offset);
+        // Cached only now that the log has it, and never over a newer version (a refresh
+        // racing a write must not bring an older version back).
+        let mut cache = self.cache();
+        let newer_cached = cache
+            .states
+            .get(&state.key)
+            .is_some_and(|cached| cached.state.version >= state.version);
+        if !newer_cached {
+            cache.insert(Cached {
+                state,
+                encoded,
+                partition,
+                offset,
+            });
+        }
         Ok(version)
     }
 

@@ -61,37 +61,6 @@ impl InMemoryStore {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
-
-    /// Every cached state, in key order.
-    pub fn snapshot(&self) -> Vec<ActionState> {
-        self.lock()
-            .cache
-            .values()
-            .map(|c| ActionState::clone(&c.state))
-            .collect()
-    }
-
-    /// Writes `states` as if each were `put`, in order (to load a snapshot).
-    pub fn restore(&self, states: Vec<ActionState>) {
-        for state in states {
-            self.append(state);
-        }
-    }
-
-    /// Appends `state` to its partition under a new version, and caches it.
-    fn append(&self, state: ActionState) -> Version {
-        let version = self.next_version.fetch_add(1, Ordering::Relaxed);
-        let state = Arc::new(ActionState { version, ..state });
-        let mut inner = self.lock();
-        let partition = state.key.scope.partition(partition_count(&inner)) as usize;
-        let log = &mut inner.partitions[partition];
-        let offset = offset_of(log.len());
-        log.push(Arc::clone(&state));
-        inner
-            .cache
-            .insert(state.key.clone(), Cached { state, offset });
-        version
-    }
 }
 
 fn partition_count(inner: &Inner) -> u32 {
@@ -105,7 +74,20 @@ fn offset_of(len: usize) -> u64 {
 #[async_trait]
 impl ActionStateStore for InMemoryStore {
     async fn put(&self, state: &ActionState) -> Result<Version, StoreError> {
-        Ok(self.append(state.clone()))
+        let version = self.next_version.fetch_add(1, Ordering::Relaxed);
+        let state = Arc::new(ActionState {
+            version,
+            ..state.clone()
+        });
+        let mut inner = self.lock();
+        let partition = state.key.scope.partition(partition_count(&inner)) as usize;
+        let log = &mut inner.partitions[partition];
+        let offset = offset_of(log.len());
+        log.push(Arc::clone(&state));
+        inner
+            .cache
+            .insert(state.key.clone(), Cached { state, offset });
+        Ok(version)
     }
 
     fn get(&self, key: &StateKey) -> Option<ActionState> {
