@@ -3,15 +3,20 @@
 //! record when the action runs again.
 //!
 //! The modules, from the outside in (each uses only those below it):
-//! - [`agent`]: an agent's actions and functions, and the path of an input through them;
+//! - [`agent`]: an agent's actions and functions, the path of an input through them, and
+//!   the scheduler that takes checkpoints;
+//! - [`checkpoint`]: checkpoints (the cut and its marker) and where they are kept;
 //! - [`sandbox`]: compiling, checking and running components, with limits;
 //! - [`durable`]: the durable call (hit, miss, divergence), over a store and functions;
 //! - [`functions`]: what a durable call reaches (HTTP, chat, time, random, custom);
-//! - [`store`]: action states, the store trait and its in-memory implementation;
-//! - [`event`]: events, inputs and outputs.
+//! - [`store`]: action states, the store trait, the in-memory and log-backed stores;
+//! - [`log`]: the partitioned durable log (in memory, and the embedded file log);
+//! - [`event`]: events, inputs and outputs;
+//! - [`crash`]: crash points at the durable boundaries, for tests that kill the process.
 
 pub mod agent;
 pub mod checkpoint;
+pub mod crash;
 pub mod durable;
 pub mod event;
 pub mod functions;

@@ -7,6 +7,15 @@ use clap::Parser;
 fn main() -> std::process::ExitCode {
     let args = cli::Cli::parse();
     cli::init_tracing(args.verbose);
+    // A test hook: kill this process at a durable boundary (see `rewind_host::crash`).
+    match rewind_host::crash::arm_from_env() {
+        Ok(Some(crash)) => tracing::warn!("armed to crash at {crash}"),
+        Ok(None) => {}
+        Err(e) => {
+            eprintln!("error: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

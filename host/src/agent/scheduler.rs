@@ -10,6 +10,7 @@ use super::input::{InputLine, LineError};
 use super::output::{JsonlSink, OutputWriter};
 use super::{Agent, InputError, InputReport};
 use crate::checkpoint::{Checkpoint, CheckpointId, CheckpointStore, KeyProgress, PendingInput};
+use crate::crash::{self, CrashPoint};
 use crate::durable::CallStats;
 use crate::event::Input;
 use crate::log::Log;
@@ -364,6 +365,7 @@ impl<W: OutputWriter> Run<'_, W> {
                 return;
             }
         };
+        crash::reached(CrashPoint::CheckpointSaved);
         self.next_checkpoint += 1;
         tracing::debug!(
             checkpoint = id,

@@ -5,6 +5,8 @@ use std::path::{Path, PathBuf};
 
 use async_trait::async_trait;
 
+use crate::crash::{self, CrashPoint};
+
 use super::{Checkpoint, CheckpointError, CheckpointId, CheckpointStore};
 
 const PREFIX: &str = "checkpoint-";
@@ -80,6 +82,7 @@ impl FileCheckpoints {
             let mut file = std::fs::File::create(&temp)?;
             std::io::Write::write_all(&mut file, &bytes)?;
             file.sync_all()?;
+            crash::reached(CrashPoint::CheckpointSave);
             std::fs::rename(&temp, &path)
         };
         write().map_err(io(format!("writing {}", path.display())))?;

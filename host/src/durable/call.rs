@@ -6,6 +6,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use super::digest::{args_digest, idempotency_key};
+use crate::crash::{self, CrashPoint};
 use crate::functions::{CallRequest, FunctionError, Functions};
 use crate::store::{
     ActionState, ActionStateStore, CallOutcome, CallRecord, Completion, Digest, StoreError,
@@ -207,6 +208,7 @@ impl DurableCalls {
             args,
             idempotency_key: &key,
         };
+        crash::reached(CrashPoint::BeforeCall);
         let (outcome, result) = match handler.call(request).await {
             Ok(value) => (CallOutcome::Succeeded(value.clone()), Ok(value)),
             Err(FunctionError::Failed(error)) => (
@@ -221,6 +223,7 @@ impl DurableCalls {
                 });
             }
         };
+        crash::reached(CrashPoint::AfterCall);
         self.state.calls.truncate(index);
         self.state.calls.push(CallRecord {
             function: function.to_owned(),
@@ -229,6 +232,7 @@ impl DurableCalls {
             outcome,
         });
         self.write().await?;
+        crash::reached(CrashPoint::AfterRecord);
         self.next += 1;
         self.stats.live += 1;
         Ok(result)

@@ -10,10 +10,14 @@ use serde::{Deserialize, Serialize};
 
 use super::encoding;
 use super::{ActionState, ActionStateStore, KeyScope, Marker, StateKey, StoreError, Version};
+use crate::crash::{self, CrashPoint};
 use crate::log::{Log, LogError, Offset};
 
 /// Records read from the log at a time during a rebuild.
 const REBUILD_BATCH: usize = 1024;
+
+/// States re-appended at a time by a `refresh` checkpoint.
+const REFRESH_BATCH: usize = 4096;
 
 /// How a checkpoint's marker keeps every cached state reachable (DESIGN.md).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -38,26 +42,52 @@ struct Cached {
     offset: Offset,
 }
 
-/// The cached states, and per partition the offsets of their latest writes (a multiset), so
-/// that an `offsets` marker costs one lookup per partition however many states are cached.
+/// Offsets, each counted as many times as it was added.
+#[derive(Debug, Default, Clone)]
+struct OffsetCounts(BTreeMap<Offset, u32>);
+
+impl OffsetCounts {
+    fn add(&mut self, offset: Offset) {
+        *self.0.entry(offset).or_default() += 1;
+    }
+
+    fn remove(&mut self, offset: Offset) {
+        if let Some(n) = self.0.get_mut(&offset) {
+            *n -= 1;
+            if *n == 0 {
+                self.0.remove(&offset);
+            }
+        }
+    }
+
+    fn min(&self) -> Option<Offset> {
+        self.0.keys().next().copied()
+    }
+}
+
+/// The cached states; per partition the offsets of their latest writes, so that an
+/// `offsets` marker costs one lookup per partition however many states are cached; and per
+/// partition a floor for each write not yet acknowledged, which a marker must not pass.
 #[derive(Debug, Default)]
 struct Cache {
     states: BTreeMap<StateKey, Cached>,
-    offsets: Vec<BTreeMap<Offset, u32>>,
+    written: Vec<OffsetCounts>,
+    in_flight: Vec<OffsetCounts>,
 }
 
 impl Cache {
     fn new(partitions: u32) -> Self {
         Self {
             states: BTreeMap::new(),
-            offsets: vec![BTreeMap::new(); partitions as usize],
+            written: vec![OffsetCounts::default(); partitions as usize],
+            in_flight: vec![OffsetCounts::default(); partitions as usize],
         }
     }
 
     fn insert(&mut self, cached: Cached) {
-        self.count(cached.partition, cached.offset, true);
+        self.written[cached.partition as usize].add(cached.offset);
         if let Some(old) = self.states.insert(cached.state.key.clone(), cached) {
-            self.count(old.partition, old.offset, false);
+            self.written[old.partition as usize].remove(old.offset);
         }
     }
 
@@ -71,27 +101,57 @@ impl Cache {
             kept
         });
         for (partition, offset) in dropped {
-            self.count(partition, offset, false);
+            self.written[partition as usize].remove(offset);
         }
     }
 
-    fn count(&mut self, partition: u32, offset: Offset, add: bool) {
-        let Some(counts) = self.offsets.get_mut(partition as usize) else {
-            return;
-        };
-        if add {
-            *counts.entry(offset).or_default() += 1;
-        } else if let Some(n) = counts.get_mut(&offset) {
-            *n -= 1;
-            if *n == 0 {
-                counts.remove(&offset);
-            }
-        }
-    }
-
-    /// The offset of the oldest latest-write cached in `partition`.
+    /// The lowest offset in `partition` that a marker must keep: the oldest latest-write
+    /// of a cached state, or the floor of a write still waiting for the log.
     fn oldest(&self, partition: usize) -> Option<Offset> {
-        self.offsets.get(partition)?.keys().next().copied()
+        let written = self.written.get(partition)?.min();
+        let in_flight = self.in_flight.get(partition)?.min();
+        written.into_iter().chain(in_flight).min()
+    }
+}
+
+/// A write on its way to the log, not yet in the cache. While it lives, markers stay at or
+/// below `floor`, an offset the write cannot land below; dropped (the write failed or was
+/// cancelled), it no longer holds them back.
+struct InFlight<'a> {
+    store: &'a LogStore,
+    partition: u32,
+    floor: Offset,
+    settled: bool,
+}
+
+impl<'a> InFlight<'a> {
+    fn start(store: &'a LogStore, partition: u32) -> Self {
+        // Every write acknowledged before this one is submitted lies below `acknowledged`,
+        // so this one lands at or above it.
+        let floor = store.acknowledged[partition as usize].load(Ordering::Acquire);
+        store.cache().in_flight[partition as usize].add(floor);
+        Self {
+            store,
+            partition,
+            floor,
+            settled: false,
+        }
+    }
+
+    /// The write is acknowledged at `offset`: stop holding markers back, under the same
+    /// lock that puts the write in the cache.
+    fn settle(mut self, offset: Offset, cache: &mut Cache) {
+        self.store.acknowledged[self.partition as usize].fetch_max(offset + 1, Ordering::AcqRel);
+        cache.in_flight[self.partition as usize].remove(self.floor);
+        self.settled = true;
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        if !self.settled {
+            self.store.cache().in_flight[self.partition as usize].remove(self.floor);
+        }
     }
 }
 
@@ -102,6 +162,8 @@ pub struct LogStore {
     strategy: MarkerStrategy,
     cache: Mutex<Cache>,
     next_version: AtomicU64,
+    /// Per partition, an offset above every write this store has had acknowledged.
+    acknowledged: Vec<AtomicU64>,
 }
 
 fn log_error(context: &str) -> impl FnOnce(LogError) -> StoreError + '_ {
@@ -114,6 +176,7 @@ impl LogStore {
     pub fn new(log: Arc<dyn Log>, strategy: MarkerStrategy) -> Self {
         Self {
             cache: Mutex::new(Cache::new(log.partitions())),
+            acknowledged: (0..log.partitions()).map(|_| AtomicU64::new(0)).collect(),
             log,
             strategy,
             next_version: AtomicU64::new(1),
@@ -152,20 +215,37 @@ impl LogStore {
     }
 
     async fn refresh(&self) -> Result<Marker, StoreError> {
-        let offsets = self.end_offsets().await?;
-        let states: Vec<(u32, Vec<u8>)> = self
-            .cache()
-            .states
-            .values()
-            .map(|cached| (cached.partition, cached.encoded.as_ref().clone()))
-            .collect();
-        // Every cached state, in its latest version, at or after the captured offsets, made
-        // durable together. The cache does not change: its entries already hold these
-        // versions.
-        self.log
-            .append_many(states)
-            .await
-            .map_err(log_error("re-appending the cached states"))?;
+        let mut offsets = self.end_offsets().await?;
+        let states: Vec<(u32, Arc<Vec<u8>>)> = {
+            let cache = self.cache();
+            // A write that was in flight when the offsets were captured may land below them
+            // and is not in the cache to be re-appended: the marker stays at its floor.
+            for (partition, offset) in offsets.iter_mut().enumerate() {
+                if let Some(floor) = cache.in_flight[partition].min() {
+                    *offset = (*offset).min(floor);
+                }
+            }
+            cache
+                .states
+                .values()
+                .map(|cached| (cached.partition, Arc::clone(&cached.encoded)))
+                .collect()
+        };
+        // Every cached state, in its latest version, at or after the captured offsets. The
+        // cache does not change: its entries already hold these versions. Appended in
+        // batches, so that a large cache is not copied whole at once; group commit makes
+        // each batch durable with one sync per partition.
+        for batch in states.chunks(REFRESH_BATCH) {
+            let batch = batch
+                .iter()
+                .map(|(partition, encoded)| (*partition, encoded.as_ref().clone()))
+                .collect();
+            self.log
+                .append_many(batch)
+                .await
+                .map_err(log_error("re-appending the cached states"))?;
+            crash::reached(CrashPoint::CheckpointRefresh);
+        }
         Ok(Marker { offsets })
     }
 
@@ -194,6 +274,7 @@ impl ActionStateStore for LogStore {
             message: e.to_string(),
         })?);
         let partition = self.partition_of(&state.key);
+        let in_flight = InFlight::start(self, partition);
         let offset = self
             .log
             .append(partition, encoded.as_ref().clone())
@@ -202,6 +283,7 @@ impl ActionStateStore for LogStore {
         // Cached only now that the log has it, and never over a newer version (a refresh
         // racing a write must not bring an older version back).
         let mut cache = self.cache();
+        in_flight.settle(offset, &mut cache);
         let newer_cached = cache
             .states
             .get(&state.key)
@@ -266,6 +348,7 @@ impl ActionStateStore for LogStore {
             });
         }
         let mut records = Vec::new();
+        let mut ends = Vec::with_capacity(partitions as usize);
         for (partition, &from) in (0..partitions).zip(&marker.offsets) {
             let (start, end) = self
                 .log
@@ -280,6 +363,7 @@ impl ActionStateStore for LogStore {
                     end,
                 });
             }
+            ends.push(end);
             let mut next = from;
             while next < end {
                 let batch = self
@@ -306,6 +390,9 @@ impl ActionStateStore for LogStore {
             }
         }
         self.next_version.fetch_max(highest + 1, Ordering::Relaxed);
+        for (acknowledged, end) in self.acknowledged.iter().zip(ends) {
+            acknowledged.fetch_max(end, Ordering::AcqRel);
+        }
         *self.cache() = cache;
         Ok(())
     }

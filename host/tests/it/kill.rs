@@ -1,7 +1,9 @@
-//! The `rewind` binary killed with SIGKILL at arbitrary points and started again until done.
+//! The `rewind` binary killed with SIGKILL and started again until done: at seeded random
+//! moments, and at each durable boundary (`REWIND_CRASH_AT`, and a kill from the remote
+//! while it is serving a call).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -20,6 +22,29 @@ use crate::support::{guest, workspace_root};
 struct Remote {
     effects: Arc<Mutex<BTreeMap<String, Value>>>,
     requests: Arc<Mutex<BTreeMap<String, u64>>>,
+    /// `(n, pid)`: SIGKILL process `pid` while serving the `n`th request (counted from 1),
+    /// after the effect and before the answer.
+    kill_during: Arc<Mutex<Option<(u64, u32)>>>,
+}
+
+impl Remote {
+    fn keys(&self) -> BTreeSet<String> {
+        self.effects.lock().expect("lock").keys().cloned().collect()
+    }
+
+    /// Requests beyond the first, over all idempotency keys.
+    fn repeats(&self) -> u64 {
+        self.requests
+            .lock()
+            .expect("lock")
+            .values()
+            .map(|n| n - 1)
+            .sum()
+    }
+
+    fn total(&self) -> u64 {
+        self.requests.lock().expect("lock").values().sum()
+    }
 }
 
 async fn serve(remote: Remote) -> String {
@@ -40,6 +65,13 @@ async fn serve(remote: Remote) -> String {
                     .entry(key)
                     .or_insert_with(|| json!({ "charged": serde_json::from_str::<Value>(&body).unwrap_or_default() }))
                     .clone();
+                let total = remote.total();
+                let kill = remote.kill_during.lock().expect("lock").take_if(|(n, _)| *n == total);
+                if let Some((_, pid)) = kill {
+                    let pid = rustix::process::Pid::from_raw(pid.cast_signed()).expect("a pid");
+                    rustix::process::kill_process(pid, rustix::process::Signal::KILL).expect("SIGKILL");
+                    std::future::pending::<()>().await;
+                }
                 // Slow enough that kills often land while a call is in flight.
                 tokio::time::sleep(Duration::from_millis(3)).await;
                 axum::Json(answer)
@@ -54,12 +86,12 @@ async fn serve(remote: Remote) -> String {
     format!("http://{addr}/charge")
 }
 
-fn write_agent(dir: &Path, url: &str) -> std::path::PathBuf {
+fn write_agent(dir: &Path, url: &str, parallelism: u32, marker: &str) -> PathBuf {
     let path = dir.join("agent.toml");
     std::fs::write(
         &path,
         format!(
-            "name = \"kill\"\nparallelism = 4\n\n[state]\npartitions = 4\ncheckpoint-every-ms = 15\ncheckpoint-every-inputs = 7\n\n[[actions]]\nname = \"work\"\ncomponent = {:?}\non = [\"input\"]\n\n[functions.charge]\nkind = \"http\"\nurl = \"{url}\"\n",
+            "name = \"kill\"\nparallelism = {parallelism}\n\n[state]\npartitions = 4\nmarker = \"{marker}\"\ncheckpoint-every-ms = 15\ncheckpoint-every-inputs = 7\n\n[[actions]]\nname = \"work\"\ncomponent = {:?}\non = [\"input\"]\n\n[functions.charge]\nkind = \"http\"\nurl = \"{url}\"\n",
             guest("caller").display().to_string()
         ),
     )
@@ -67,10 +99,11 @@ fn write_agent(dir: &Path, url: &str) -> std::path::PathBuf {
     path
 }
 
-fn write_inputs(dir: &Path) -> std::path::PathBuf {
+/// `count` inputs over six keys, each making two calls and writing memory.
+fn write_inputs(dir: &Path, count: u32) -> PathBuf {
     let path = dir.join("inputs.jsonl");
     let mut text = String::new();
-    for i in 0..150 {
+    for i in 0..count {
         let line = json!({ "key": format!("customer-{}", i % 6), "payload": { "calls": [
             { "function": "charge", "args": { "input": i, "part": 1 } },
             { "function": "charge", "args": { "input": i, "part": 2 } },
@@ -96,7 +129,13 @@ fn rewind_run(dir: &Path, agent: &Path, inputs: &Path) -> Command {
         .arg("--state")
         .arg(dir.join("state"))
         .stdout(Stdio::null())
-        .stderr(Stdio::null());
+        .stderr(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(dir.join("stderr.log"))
+                .expect("stderr log"),
+        );
     command
 }
 
@@ -108,6 +147,66 @@ fn sorted_lines(path: &Path) -> Vec<String> {
         .collect();
     lines.sort();
     lines
+}
+
+/// How to start `rewind run` on one directory's agent and inputs.
+#[derive(Clone)]
+struct Runner {
+    dir: PathBuf,
+    agent: PathBuf,
+    inputs: PathBuf,
+}
+
+impl Runner {
+    fn command(&self) -> Command {
+        rewind_run(&self.dir, &self.agent, &self.inputs)
+    }
+}
+
+/// A remote, and a directory with an agent calling it and its inputs.
+struct Case {
+    remote: Remote,
+    dir: tempfile::TempDir,
+    runner: Runner,
+}
+
+impl Case {
+    async fn new(parallelism: u32, marker: &str, inputs: u32) -> Self {
+        let remote = Remote::default();
+        let url = serve(remote.clone()).await;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let runner = Runner {
+            dir: dir.path().to_owned(),
+            agent: write_agent(dir.path(), &url, parallelism, marker),
+            inputs: write_inputs(dir.path(), inputs),
+        };
+        Self {
+            remote,
+            dir,
+            runner,
+        }
+    }
+
+    /// The case run once, uninterrupted.
+    async fn reference(parallelism: u32, marker: &str, inputs: u32) -> Self {
+        let case = Self::new(parallelism, marker, inputs).await;
+        let runner = case.runner.clone();
+        let status = tokio::task::spawn_blocking(move || runner.command().status())
+            .await
+            .expect("join")
+            .expect("runs");
+        assert!(status.success(), "the reference run finished: {status}");
+        case
+    }
+
+    fn outputs(&self) -> Vec<String> {
+        sorted_lines(&self.dir.path().join("out.jsonl"))
+    }
+
+    /// What the runs wrote to stderr.
+    fn said(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("stderr.log")).unwrap_or_default()
+    }
 }
 
 /// A small deterministic generator for the kill delays (the same seed, the same delays).
@@ -123,82 +222,208 @@ fn delays(seed: u64) -> impl Iterator<Item = Duration> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_and_restarted_runs_call_each_key_once_and_write_the_uninterrupted_output() {
-    let reference_remote = Remote::default();
-    let reference_url = serve(reference_remote.clone()).await;
-    let reference = tempfile::tempdir().expect("tempdir");
-    let agent = write_agent(reference.path(), &reference_url);
-    let inputs = write_inputs(reference.path());
-    let status = tokio::task::spawn_blocking({
-        let (dir, agent, inputs) = (reference.path().to_owned(), agent.clone(), inputs.clone());
-        move || rewind_run(&dir, &agent, &inputs).status().expect("runs")
-    })
-    .await
-    .expect("join");
-    assert!(status.success());
-
-    let remote = Remote::default();
-    let url = serve(remote.clone()).await;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let agent = write_agent(dir.path(), &url);
-    let inputs = write_inputs(dir.path());
-    let mut kills = 0;
-    let finished = tokio::task::spawn_blocking({
-        let (dir, agent, inputs) = (dir.path().to_owned(), agent.clone(), inputs.clone());
-        move || {
-            let seed = 7;
-            for delay in delays(seed).take(40) {
-                let mut child = rewind_run(&dir, &agent, &inputs).spawn().expect("spawns");
-                std::thread::sleep(delay);
-                match child.try_wait().expect("wait") {
-                    Some(status) => return (status.success(), kills),
-                    None => {
-                        child.kill().expect("SIGKILL");
-                        child.wait().expect("reaped");
-                        kills += 1;
-                    }
+    let reference = Case::reference(4, "offsets", 150).await;
+    let case = Case::new(4, "offsets", 150).await;
+    let runner = case.runner.clone();
+    let (succeeded, kills) = tokio::task::spawn_blocking(move || {
+        let seed = 7;
+        let mut kills = 0;
+        for delay in delays(seed).take(40) {
+            let mut child = runner.command().spawn().expect("spawns");
+            std::thread::sleep(delay);
+            match child.try_wait().expect("wait") {
+                Some(status) => return (status.success(), kills),
+                None => {
+                    child.kill().expect("SIGKILL");
+                    child.wait().expect("reaped");
+                    kills += 1;
                 }
             }
-            let status = rewind_run(&dir, &agent, &inputs).status().expect("runs");
-            (status.success(), kills)
         }
+        let status = runner.command().status().expect("runs");
+        (status.success(), kills)
     })
     .await
     .expect("join");
-    let (succeeded, kills) = finished;
     assert!(succeeded, "the last run finished cleanly");
     assert!(kills >= 2, "the run was killed more than once: {kills}");
 
     assert_eq!(
-        sorted_lines(&dir.path().join("out.jsonl")),
-        sorted_lines(&reference.path().join("out.jsonl")),
+        case.outputs(),
+        reference.outputs(),
         "after {kills} kills, the same outputs as the uninterrupted run, each once"
     );
-    let effects: BTreeSet<String> = remote
-        .effects
-        .lock()
-        .expect("lock")
-        .keys()
-        .cloned()
-        .collect();
-    let expected: BTreeSet<String> = reference_remote
-        .effects
-        .lock()
-        .expect("lock")
-        .keys()
-        .cloned()
-        .collect();
     assert_eq!(
-        effects, expected,
+        case.remote.keys(),
+        reference.remote.keys(),
         "the same calls, with the same idempotency keys"
     );
-    assert_eq!(effects.len(), 300);
+    assert_eq!(case.remote.keys().len(), 300);
     // A call in flight at a kill (sent, its record not yet durable) is made again with the
     // same key after the restart; the remote drops the repeat. At most `parallelism` (4)
     // calls are in flight at once.
-    let requests = remote.requests.lock().expect("lock").clone();
-    let repeated: u64 = requests.values().map(|n| n - 1).sum();
+    let repeated = case.remote.repeats();
     assert!(
         repeated <= kills * 4,
         "only calls in flight at a kill reach the remote again: {repeated} repeats, {kills} kills"
     );
+}
+
+/// Where a scenario kills the run.
+#[derive(Clone, Copy, Debug)]
+enum KillAt {
+    /// `REWIND_CRASH_AT=POINT:N`: the run kills itself the `N`th time it reaches `POINT`.
+    Point(&'static str),
+    /// The remote kills the run while serving its `N`th request, after the effect.
+    DuringCall,
+}
+
+/// How many requests may reach the remote again, for a run with one input in flight.
+#[derive(Clone, Copy, Debug)]
+enum Repeats {
+    /// The kill lands where no call is in flight: none.
+    None,
+    /// The kill lands after a call reached the remote and before its record: exactly one
+    /// per kill, with the same idempotency key.
+    OnePerKill,
+    /// A checkpoint: the one input in flight may or may not be inside a call.
+    AtMostOnePerKill,
+}
+
+/// Runs 60 inputs (120 calls) with one input in flight, killed once for each of `nths`,
+/// then to the end; compares with an uninterrupted run.
+async fn killed_at(kill: KillAt, marker: &'static str, nths: &'static [u64], repeats: Repeats) {
+    let reference = Case::reference(1, marker, 60).await;
+    let case = Case::new(1, marker, 60).await;
+    let (runner, remote) = (case.runner.clone(), case.remote.clone());
+    tokio::task::spawn_blocking(move || {
+        use std::os::unix::process::ExitStatusExt;
+        for (run, &nth) in nths.iter().enumerate() {
+            let mut command = runner.command();
+            if let KillAt::Point(point) = kill {
+                command.env("REWIND_CRASH_AT", format!("{point}:{nth}"));
+            }
+            let mut child = command.spawn().expect("spawns");
+            if let KillAt::DuringCall = kill {
+                *remote.kill_during.lock().expect("lock") =
+                    Some((remote.total() + nth, child.id()));
+            }
+            let status = child.wait().expect("waits");
+            assert_eq!(
+                status.signal(),
+                Some(9),
+                "run {run} was to be killed at {kill:?} #{nth} but ended with {status}"
+            );
+        }
+        let status = runner.command().status().expect("runs");
+        assert!(status.success(), "the last run finished cleanly: {status}");
+    })
+    .await
+    .expect("join");
+
+    let kills = nths.len() as u64;
+    assert_eq!(
+        case.outputs(),
+        reference.outputs(),
+        "after {kills} kills at {kill:?}, the same outputs as the uninterrupted run, each once"
+    );
+    let remote = &case.remote;
+    assert_eq!(
+        remote.keys(),
+        reference.remote.keys(),
+        "the same idempotency keys"
+    );
+    assert_eq!(remote.keys().len(), 120);
+    let repeated = remote.repeats();
+    let explain = || {
+        let effects = remote.effects.lock().expect("lock");
+        let again: Vec<_> = (remote.requests.lock().expect("lock").iter())
+            .filter(|(_, n)| **n > 1)
+            .filter_map(|(key, _)| effects.get(key))
+            .collect();
+        format!("made again: {again:?}; the runs said:\n{}", case.said())
+    };
+    match repeats {
+        Repeats::None => assert_eq!(repeated, 0, "no call made twice; {}", explain()),
+        Repeats::OnePerKill => assert_eq!(repeated, kills, "one per kill; {}", explain()),
+        Repeats::AtMostOnePerKill => assert!(repeated <= kills, "{repeated}; {}", explain()),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_before_a_call_runs_no_call_twice() {
+    killed_at(
+        KillAt::Point("before-call"),
+        "offsets",
+        &[1, 25, 40],
+        Repeats::None,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_during_a_call_makes_it_again_with_the_same_key() {
+    killed_at(KillAt::DuringCall, "offsets", &[3, 30], Repeats::OnePerKill).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_after_a_call_before_its_record_makes_it_again_with_the_same_key() {
+    killed_at(
+        KillAt::Point("after-call"),
+        "offsets",
+        &[2, 25, 40],
+        Repeats::OnePerKill,
+    )
+    .await;
+    killed_at(
+        KillAt::Point("after-call"),
+        "refresh",
+        &[2, 30],
+        Repeats::OnePerKill,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_after_a_record_serves_it_from_the_record() {
+    killed_at(
+        KillAt::Point("after-record"),
+        "offsets",
+        &[2, 25, 40],
+        Repeats::None,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_during_a_checkpoint_recovers_from_the_one_before() {
+    let repeats = Repeats::AtMostOnePerKill;
+    killed_at(
+        KillAt::Point("checkpoint-refresh"),
+        "refresh",
+        &[1, 3],
+        repeats,
+    )
+    .await;
+    killed_at(
+        KillAt::Point("checkpoint-save"),
+        "refresh",
+        &[2, 4],
+        repeats,
+    )
+    .await;
+    killed_at(
+        KillAt::Point("checkpoint-save"),
+        "offsets",
+        &[1, 3],
+        repeats,
+    )
+    .await;
+    killed_at(
+        KillAt::Point("checkpoint-saved"),
+        "offsets",
+        &[1, 4],
+        repeats,
+    )
+    .await;
 }
