@@ -15,7 +15,7 @@ use rewind_host::store::{
     ActionState, ActionStateStore, Digest, KeyScope, LogStore, MarkerStrategy, StateKey,
 };
 
-use common::{calls, noop_functions};
+use common::{calls as calls_of, noop_functions};
 
 mod common;
 
@@ -41,36 +41,36 @@ fn open(dir: &Path, partitions: u32) -> Arc<dyn Log> {
     Arc::new(FileLog::open(dir, options).expect("open").0)
 }
 
-/// fdatasync of a 1 KiB append, on the same disk as the logs.
-fn fdatasync_1k(dir: &Path, samples: usize) -> Duration {
+/// Medians of a live durable call on the embedded log (one key, no-op handler) and of an
+/// fdatasync of a 1 KiB append to a file on the same disk, sampled alternately so that both
+/// see the same disk.
+async fn live_call_and_fdatasync(
+    dir: &Path,
+    functions: &Arc<Functions>,
+    samples: usize,
+) -> (Duration, Duration) {
+    let store: Arc<dyn ActionStateStore> =
+        Arc::new(LogStore::new(open(dir, 8), MarkerStrategy::Offsets));
     let mut file = std::fs::File::create(dir.join("fdatasync")).expect("create");
     let block = [7u8; 1024];
-    let mut times = Vec::with_capacity(samples);
-    for _ in 0..samples {
+    let (mut calls, mut syncs) = (Vec::with_capacity(samples), Vec::with_capacity(samples));
+    for n in 0..samples as u64 {
         let started = Instant::now();
         file.write_all(&block).expect("write");
         file.sync_data().expect("sync");
-        times.push(started.elapsed());
-    }
-    median(times)
-}
+        syncs.push(started.elapsed());
 
-async fn live_call_one_key(dir: &Path, functions: &Arc<Functions>, samples: usize) -> Duration {
-    let store: Arc<dyn ActionStateStore> =
-        Arc::new(LogStore::new(open(dir, 8), MarkerStrategy::Offsets));
-    let mut times = Vec::with_capacity(samples);
-    for n in 0..samples as u64 {
-        let mut run = calls(
+        let mut run = calls_of(
             &store,
             functions,
             ActionState::new(key("one", n), Event::new("input", "{}")),
         );
         let started = Instant::now();
         let result = run.call("noop", r#"{"q":"where is my order?"}"#).await;
-        times.push(started.elapsed());
+        calls.push(started.elapsed());
         assert!(matches!(result, Ok(Ok(_))));
     }
-    median(times)
+    (median(calls), median(syncs))
 }
 
 async fn throughput_64_keys(dir: &Path, functions: &Arc<Functions>, per_key: u64) -> f64 {
@@ -85,7 +85,7 @@ async fn throughput_64_keys(dir: &Path, functions: &Arc<Functions>, per_key: u64
             for n in 0..per_key / 4 {
                 let state =
                     ActionState::new(key(&format!("key-{k}"), n), Event::new("input", "{}"));
-                let mut run = calls(&store, &functions, state);
+                let mut run = calls_of(&store, &functions, state);
                 for i in 0..4 {
                     let result = run.call("noop", &format!("{{\"i\":{i}}}")).await;
                     assert!(matches!(result, Ok(Ok(_))));
@@ -125,9 +125,11 @@ async fn fill(store: &Arc<LogStore>, states: u64) {
     }
 }
 
+/// Bytes in the log's segment files (not its commit journal, which is emptied as it goes).
 fn dir_bytes(dir: &Path) -> u64 {
     walk(dir)
         .iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "seg"))
         .map(|p| std::fs::metadata(p).map_or(0, |m| m.len()))
         .sum()
 }
@@ -155,10 +157,14 @@ fn main() {
     let _ = std::fs::remove_dir_all(&root);
     std::fs::create_dir_all(&root).expect("bench dir");
     let functions = noop_functions();
+    // `cargo bench -p rewind-host --bench state -- recovery` runs the figures whose line
+    // contains `recovery`, and what they need.
+    let filter = std::env::args().skip(1).find(|a| !a.starts_with('-'));
+    let wanted = |figure: &str| filter.as_deref().is_none_or(|f| figure.contains(f));
 
     runtime.block_on(async {
-        let sync = fdatasync_1k(&root, 500);
-        let call = live_call_one_key(&root.join("one-key"), &functions, 500).await;
+        if wanted("live call, fdatasync, 64 keys") {
+        let (call, sync) = live_call_and_fdatasync(&root.join("one-key"), &functions, 500).await;
         println!("fdatasync of a 1 KiB append (median of 500):        {sync:>10.1?}");
         println!(
             "live durable call, embedded log, one key (median):  {call:>10.1?}  ({:.2}x fdatasync)",
@@ -166,9 +172,14 @@ fn main() {
         );
         let rate = throughput_64_keys(&root.join("64-keys"), &functions, 2000).await;
         println!("64 keys at once, no-op handler:                      {rate:>10.0} calls/s");
+        }
 
         for states in [1_000u64, 10_000, 100_000] {
             for strategy in [MarkerStrategy::Offsets, MarkerStrategy::Refresh] {
+                let recovery = states == 100_000 && strategy == MarkerStrategy::Offsets;
+                if !(wanted("checkpoint") || recovery && wanted("recovery")) {
+                    continue;
+                }
                 let dir = root.join(format!("checkpoint-{states}-{strategy:?}"));
                 let log = open(&dir, 8);
                 let store = Arc::new(LogStore::new(Arc::clone(&log), strategy));
@@ -186,17 +197,18 @@ fn main() {
                         String::new()
                     }
                 );
-                if states == 100_000 && strategy == MarkerStrategy::Offsets {
+                if recovery && wanted("recovery") {
                     drop(store);
                     drop(log);
-                    let log = open(&dir, 8);
                     let started = Instant::now();
+                    let log = open(&dir, 8);
+                    let opened = started.elapsed();
                     let recovered = LogStore::new(Arc::clone(&log), strategy);
                     recovered.rebuild(&marker).await.expect("rebuild");
                     let took = started.elapsed();
                     let count: usize = recovered.scopes().iter().map(|s| recovered.states(s).len()).sum();
                     assert_eq!(count, 100_000);
-                    println!("recovery of {count} states (open + rebuild):          {took:>10.2?}");
+                    println!("recovery of {count} states (open + rebuild):          {took:>10.2?}  (open {opened:.2?})");
                 }
             }
         }

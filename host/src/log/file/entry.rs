@@ -16,14 +16,29 @@ pub const MAX_PAYLOAD: usize = 64 << 20;
 
 /// Frames `payload` for appending.
 pub fn encode(payload: &[u8]) -> Vec<u8> {
-    let len = u32::try_from(payload.len()).unwrap_or(u32::MAX);
     let mut frame = Vec::with_capacity(HEADER + payload.len());
-    frame.extend_from_slice(&MAGIC);
-    frame.push(VERSION);
-    frame.extend_from_slice(&len.to_le_bytes());
-    frame.extend_from_slice(&checksum(len, payload).to_le_bytes());
-    frame.extend_from_slice(payload);
+    encode_into(&mut frame, &[payload]);
     frame
+}
+
+/// Appends to `out` the frame of the payload made of `parts`, one after the other.
+pub fn encode_into(out: &mut Vec<u8>, parts: &[&[u8]]) {
+    let size: usize = parts.iter().map(|part| part.len()).sum();
+    let len = u32::try_from(size).unwrap_or(u32::MAX);
+    let mut hasher = crc32fast::Hasher::new();
+    hasher.update(&[VERSION]);
+    hasher.update(&len.to_le_bytes());
+    for part in parts {
+        hasher.update(part);
+    }
+    out.reserve(HEADER + size);
+    out.extend_from_slice(&MAGIC);
+    out.push(VERSION);
+    out.extend_from_slice(&len.to_le_bytes());
+    out.extend_from_slice(&hasher.finalize().to_le_bytes());
+    for part in parts {
+        out.extend_from_slice(part);
+    }
 }
 
 fn checksum(len: u32, payload: &[u8]) -> u32 {

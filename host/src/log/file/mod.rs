@@ -4,11 +4,13 @@
 //!
 //! ```text
 //! DIR/log.json                    {"format": 1, "partitions": N}
+//! DIR/journal.wal                 the commit journal (journal.rs)
 //! DIR/p0000/00000000000000000000.seg   records from offset 0
 //! DIR/p0000/00000000000000052311.seg   records from offset 52311, and so on
 //! ```
 
 mod entry;
+mod journal;
 mod recovery;
 mod segment;
 mod writer;
@@ -19,6 +21,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use async_trait::async_trait;
 
 use super::{Log, LogError, Offset, Record};
+pub use journal::Replay;
 pub use recovery::{OpenReport, Truncation};
 use segment::Partition;
 
@@ -41,6 +44,9 @@ pub struct FileLogOptions {
     pub partitions: u32,
     /// A segment is rolled when the next record would take it past this size.
     pub segment_bytes: u64,
+    /// When the commit journal reaches this size, the partitions it covers are synced and
+    /// it is emptied.
+    pub journal_bytes: u64,
     pub recovery: Recovery,
 }
 
@@ -49,6 +55,7 @@ impl Default for FileLogOptions {
         Self {
             partitions: 8,
             segment_bytes: 64 << 20,
+            journal_bytes: 16 << 20,
             recovery: Recovery::default(),
         }
     }
@@ -86,13 +93,15 @@ impl FileLog {
     /// Opens the log in `dir`, creating it when it does not exist, and recovers every
     /// partition as `options.recovery` says. The report says what recovery dropped.
     pub fn open(dir: &Path, options: FileLogOptions) -> Result<(Self, OpenReport), LogError> {
-        let (partitions, report) = recovery::open(dir, options)?;
+        let (mut partitions, mut report) = recovery::open(dir, options)?;
+        let (journal, replay) = journal::open(dir, &mut partitions)?;
+        report.journal = replay;
         let shared = Arc::new(Shared {
             dir: dir.to_owned(),
             options,
             partitions: partitions.into_iter().map(Mutex::new).collect(),
         });
-        let writer = writer::Writer::start(Arc::clone(&shared))?;
+        let writer = writer::Writer::start(Arc::clone(&shared), journal)?;
         Ok((Self { shared, writer }, report))
     }
 

@@ -111,6 +111,11 @@ impl Partition {
         }
     }
 
+    /// Counts everything written so far as durable: the commit journal holds it.
+    pub fn journaled(&mut self) {
+        self.durable_end = self.next_offset();
+    }
+
     /// Starts a new segment at the next offset.
     fn roll(&mut self) -> Result<(), LogError> {
         // Records written to the old segment must be durable before it stops being synced.

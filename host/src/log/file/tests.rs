@@ -36,11 +36,13 @@ impl Log for TempLog {
     }
 }
 
-/// Small segments, so that the suite crosses segment boundaries and retention deletes files.
+/// Small segments, so that the suite crosses segment boundaries and retention deletes
+/// files, and a small journal, so that it is emptied often.
 fn options(partitions: u32) -> FileLogOptions {
     FileLogOptions {
         partitions,
         segment_bytes: 256,
+        journal_bytes: 1024,
         recovery: Recovery::TruncateTornTail,
     }
 }
@@ -190,4 +192,95 @@ async fn retention_deletes_whole_segments_only() {
         (start, 10),
         "retention survives reopening"
     );
+}
+
+/// Writes a journal by hand: `(partition, offset, payload)` entries, then `tail` bytes.
+fn write_journal(dir: &std::path::Path, entries: &[(u32, Offset, &[u8])], tail: &[u8]) {
+    let mut bytes = Vec::new();
+    for &(partition, offset, payload) in entries {
+        super::journal::frame_into(&mut bytes, partition, offset, payload);
+    }
+    bytes.extend_from_slice(tail);
+    std::fs::write(dir.join(super::journal::FILE), bytes).expect("write journal");
+}
+
+async fn payloads(log: &FileLog, partition: u32) -> Vec<Vec<u8>> {
+    let records = log.read(partition, 0, 100).await.expect("read");
+    records.into_iter().map(|r| r.payload).collect()
+}
+
+/// What a power loss leaves after a batch over several partitions was acknowledged: the
+/// journal synced, the segments not.
+#[tokio::test]
+async fn records_only_the_journal_holds_are_restored_on_open() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (log, _) = FileLog::open(dir.path(), options(2)).expect("open");
+    log.append(0, b"a0".to_vec()).await.expect("append");
+    log.append(1, b"b0".to_vec()).await.expect("append");
+    drop(log);
+    let entries: [(u32, Offset, &[u8]); 4] =
+        [(0, 0, b"a0"), (0, 1, b"a1"), (1, 1, b"b1"), (0, 2, b"a2")];
+    // The last entry's sync did not finish: half of it reached the file.
+    let mut unfinished = Vec::new();
+    super::journal::frame_into(&mut unfinished, 1, 2, b"b2");
+    write_journal(dir.path(), &entries, &unfinished[..unfinished.len() / 2]);
+
+    let (log, report) = FileLog::open(dir.path(), options(2)).expect("reopen");
+    assert_eq!(
+        report.journal.restored.into_iter().collect::<Vec<_>>(),
+        [(0, 2), (1, 1)],
+        "a0 was in its segment already"
+    );
+    assert_eq!(report.journal.dropped_bytes, (unfinished.len() / 2) as u64);
+    assert_eq!(payloads(&log, 0).await, [b"a0", b"a1", b"a2"]);
+    assert_eq!(payloads(&log, 1).await, [b"b0", b"b1"]);
+    assert_eq!(log.append(1, b"b2".to_vec()).await.expect("append"), 2);
+    let journal = std::fs::metadata(dir.path().join(super::journal::FILE)).expect("journal");
+    assert_eq!(journal.len(), 0, "emptied once the partitions are synced");
+
+    drop(log);
+    let (log, report) = FileLog::open(dir.path(), options(2)).expect("reopen again");
+    assert!(report.journal.restored.is_empty());
+    assert_eq!(payloads(&log, 1).await, [b"b0", b"b1", b"b2"]);
+}
+
+#[tokio::test]
+async fn a_journal_entry_past_its_partitions_end_is_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    drop(FileLog::open(dir.path(), options(2)).expect("open"));
+    write_journal(dir.path(), &[(1, 3, b"b3")], b"");
+    let error = FileLog::open(dir.path(), options(2)).expect_err("refused");
+    let message = error.to_string();
+    assert!(message.contains("journal.wal"), "{message}");
+    assert!(
+        message.contains("offset 3 of partition 1, but the partition ends at 0"),
+        "{message}"
+    );
+}
+
+#[tokio::test]
+async fn batches_over_several_partitions_survive_reopening_and_the_journal_stays_small() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (log, _) = FileLog::open(dir.path(), options(4)).expect("open");
+    for round in 0..20u8 {
+        let batch = (0..16u8)
+            .map(|i| (u32::from(i % 4), vec![round, i]))
+            .collect();
+        log.append_many(batch).await.expect("append");
+        let journal = std::fs::metadata(dir.path().join(super::journal::FILE)).expect("journal");
+        assert!(journal.len() < 1024 + 16 * 64, "{} bytes", journal.len());
+    }
+    drop(log);
+    let (log, report) = FileLog::open(dir.path(), options(4)).expect("reopen");
+    assert!(report.truncated.is_empty() && report.journal.restored.is_empty());
+    for partition in 0..4u8 {
+        let expected: Vec<Vec<u8>> = (0..20u8)
+            .flat_map(|round| {
+                (0..16u8)
+                    .filter(move |i| i % 4 == partition)
+                    .map(move |i| vec![round, i])
+            })
+            .collect();
+        assert_eq!(payloads(&log, u32::from(partition)).await, expected);
+    }
 }
