@@ -102,7 +102,15 @@ pub async fn get_of_an_unknown_key_is_none(factory: &dyn Factory) {
 
 pub async fn states_lists_one_scope_in_order(factory: &dyn Factory) {
     let store = factory(4);
-    for (scope, sequence, action) in [("x", 2, "b"), ("y", 1, "a"), ("x", 1, "b"), ("x", 1, "a")] {
+    // Neighbours in key order on both sides: "w" < "x" < "x0" < "y".
+    for (scope, sequence, action) in [
+        ("x", 2, "b"),
+        ("y", 1, "a"),
+        ("x0", 0, "a"),
+        ("x", 1, "b"),
+        ("w", 9, "z"),
+        ("x", 1, "a"),
+    ] {
         put(&*store, state(key(scope, sequence, action), 0)).await;
     }
     let listed: Vec<(u64, String)> = store
@@ -133,6 +141,7 @@ pub async fn prune_drops_only_that_scope_up_to_the_sequence(factory: &dyn Factor
     let store = factory(4);
     for sequence in 1..=3 {
         put(&*store, state(key("x", sequence, "a"), 1)).await;
+        put(&*store, state(key("x0", sequence, "a"), 1)).await;
         put(&*store, state(key("y", sequence, "a"), 1)).await;
     }
     store
@@ -145,11 +154,13 @@ pub async fn prune_drops_only_that_scope_up_to_the_sequence(factory: &dyn Factor
         store.get(&key("x", 3, "a")).is_some(),
         "later sequences stay"
     );
-    assert_eq!(
-        store.states(&KeyScope::new("t", "a", "y")).len(),
-        3,
-        "other scopes stay"
-    );
+    for other in ["x0", "y"] {
+        assert_eq!(
+            store.states(&KeyScope::new("t", "a", other)).len(),
+            3,
+            "other scopes stay"
+        );
+    }
 }
 
 pub async fn rebuild_from_a_marker_restores_every_cached_state(factory: &dyn Factory) {

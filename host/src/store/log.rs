@@ -9,6 +9,7 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
 use super::encoding;
+use super::state::in_scope;
 use super::{ActionState, ActionStateStore, KeyScope, Marker, StateKey, StoreError, Version};
 use crate::crash::{self, CrashPoint};
 use crate::log::{Log, LogError, Offset};
@@ -91,17 +92,15 @@ impl Cache {
         }
     }
 
-    fn retain(&mut self, mut keep: impl FnMut(&StateKey) -> bool) {
-        let mut dropped = Vec::new();
-        self.states.retain(|key, cached| {
-            let kept = keep(key);
-            if !kept {
-                dropped.push((cached.partition, cached.offset));
+    /// Drops the states of `scope` up to sequence `up_to`.
+    fn prune(&mut self, scope: &KeyScope, up_to: u64) {
+        let keys: Vec<StateKey> = in_scope(&self.states, scope, up_to)
+            .map(|(key, _)| key.clone())
+            .collect();
+        for key in keys {
+            if let Some(cached) = self.states.remove(&key) {
+                self.written[cached.partition as usize].remove(cached.offset);
             }
-            kept
-        });
-        for (partition, offset) in dropped {
-            self.written[partition as usize].remove(offset);
         }
     }
 
@@ -307,10 +306,7 @@ impl ActionStateStore for LogStore {
     }
 
     fn states(&self, scope: &KeyScope) -> Vec<ActionState> {
-        self.cache()
-            .states
-            .iter()
-            .filter(|(key, _)| &key.scope == scope)
+        in_scope(&self.cache().states, scope, u64::MAX)
             .map(|(_, cached)| ActionState::clone(&cached.state))
             .collect()
     }
@@ -327,8 +323,7 @@ impl ActionStateStore for LogStore {
     }
 
     async fn prune(&self, scope: &KeyScope, up_to: u64) -> Result<(), StoreError> {
-        self.cache()
-            .retain(|key| !(&key.scope == scope && key.sequence <= up_to));
+        self.cache().prune(scope, up_to);
         Ok(())
     }
 
@@ -347,48 +342,28 @@ impl ActionStateStore for LogStore {
                 log: partitions as usize,
             });
         }
-        let mut records = Vec::new();
-        let mut ends = Vec::with_capacity(partitions as usize);
+        // Every partition's window at once: reads of different partitions overlap.
+        let mut reads = tokio::task::JoinSet::new();
         for (partition, &from) in (0..partitions).zip(&marker.offsets) {
-            let (start, end) = self
-                .log
-                .bounds(partition)
-                .await
-                .map_err(log_error("reading the log's bounds"))?;
-            if from < start || from > end {
-                return Err(StoreError::MarkerOutOfRange {
-                    partition,
-                    offset: from,
-                    start,
-                    end,
-                });
-            }
-            ends.push(end);
-            let mut next = from;
-            while next < end {
-                let batch = self
-                    .log
-                    .read(partition, next, REBUILD_BATCH)
-                    .await
-                    .map_err(log_error("reading the log"))?;
-                let Some(last) = batch.last() else { break };
-                next = last.offset + 1;
-                records.extend(batch.into_iter().map(|r| (partition, r)));
-            }
+            let log = Arc::clone(&self.log);
+            reads.spawn(async move { read_window(&*log, partition, from).await });
         }
-        let decoded = decode_all(records)?;
+        let mut windows = Vec::with_capacity(partitions as usize);
+        while let Some(window) = reads.join_next().await {
+            windows.push(window.map_err(|e| {
+                StoreError::Unavailable(format!("reading the log: a task failed: {e}"))
+            })??);
+        }
+        windows.sort_by_key(|window| window.partition);
+        let ends: Vec<Offset> = windows.iter().map(|window| window.end).collect();
+        let (newest, highest) = newest_states(windows)?;
+
         let mut cache = Cache::new(partitions);
-        let mut highest = 0;
-        for cached in decoded {
-            highest = highest.max(cached.state.version);
-            let newer_seen = cache
-                .states
-                .get(&cached.state.key)
-                .is_some_and(|seen| seen.state.version >= cached.state.version);
-            if !newer_seen {
-                cache.insert(cached);
-            }
+        for (_, cached) in &newest {
+            cache.written[cached.partition as usize].add(cached.offset);
         }
+        // Built from sorted entries in one pass, not inserted one by one.
+        cache.states = newest.into_iter().collect();
         self.next_version.fetch_max(highest + 1, Ordering::Relaxed);
         for (acknowledged, end) in self.acknowledged.iter().zip(ends) {
             acknowledged.fetch_max(end, Ordering::AcqRel);
@@ -398,40 +373,61 @@ impl ActionStateStore for LogStore {
     }
 }
 
-/// Decodes records into cache entries, on every core: decoding is most of a rebuild's time.
-fn decode_all(records: Vec<(u32, crate::log::Record)>) -> Result<Vec<Cached>, StoreError> {
-    let threads = std::thread::available_parallelism().map_or(1, usize::from);
-    let chunk = records.len().div_ceil(threads).max(1);
-    let mut chunks: Vec<Vec<(u32, crate::log::Record)>> = Vec::new();
-    let mut records = records.into_iter().peekable();
-    while records.peek().is_some() {
-        chunks.push(records.by_ref().take(chunk).collect());
+/// States decoded from some partitions, each its newest version, and the highest version
+/// seen among all they held.
+type Decoded = (Vec<(StateKey, Cached)>, Version);
+
+/// The records of one partition from a marker's offset to the end.
+struct Window {
+    partition: u32,
+    records: Vec<crate::log::Record>,
+    end: Offset,
+}
+
+async fn read_window(log: &dyn Log, partition: u32, from: Offset) -> Result<Window, StoreError> {
+    let (start, end) = log
+        .bounds(partition)
+        .await
+        .map_err(log_error("reading the log's bounds"))?;
+    if from < start || from > end {
+        return Err(StoreError::MarkerOutOfRange {
+            partition,
+            offset: from,
+            start,
+            end,
+        });
     }
-    let decoded: Vec<Result<Vec<Cached>, StoreError>> = std::thread::scope(|scope| {
-        let handles: Vec<_> = chunks
+    let mut records = Vec::new();
+    let mut next = from;
+    while next < end {
+        let batch = log
+            .read(partition, next, REBUILD_BATCH)
+            .await
+            .map_err(log_error("reading the log"))?;
+        let Some(last) = batch.last() else { break };
+        next = last.offset + 1;
+        records.extend(batch);
+    }
+    Ok(Window {
+        partition,
+        records,
+        end,
+    })
+}
+
+/// Decodes the windows on every core (a state's versions are all in its own partition, so
+/// partitions are independent) and keeps each state's newest version. Returns the states,
+/// sorted by key within each partition, and the highest version seen.
+fn newest_states(windows: Vec<Window>) -> Result<Decoded, StoreError> {
+    let threads = std::thread::available_parallelism().map_or(1, usize::from);
+    let mut shares: Vec<Vec<Window>> = (0..threads).map(|_| Vec::new()).collect();
+    for (i, window) in windows.into_iter().enumerate() {
+        shares[i % threads].push(window);
+    }
+    let results: Vec<Result<Decoded, StoreError>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = shares
             .into_iter()
-            .map(|chunk| {
-                scope.spawn(move || {
-                    chunk
-                        .into_iter()
-                        .map(|(partition, record)| {
-                            let state = encoding::decode(&record.payload).map_err(|e| {
-                                StoreError::Decode {
-                                    partition,
-                                    offset: record.offset,
-                                    message: e.to_string(),
-                                }
-                            })?;
-                            Ok(Cached {
-                                state: Arc::new(state),
-                                encoded: Arc::new(record.payload),
-                                partition,
-                                offset: record.offset,
-                            })
-                        })
-                        .collect()
-                })
-            })
+            .map(|share| scope.spawn(move || decode_share(share)))
             .collect();
         handles
             .into_iter()
@@ -445,10 +441,49 @@ fn decode_all(records: Vec<(u32, crate::log::Record)>) -> Result<Vec<Cached>, St
             .collect()
     });
     let mut all = Vec::new();
-    for part in decoded {
-        all.extend(part?);
+    let mut highest = 0;
+    for result in results {
+        let (states, share_highest) = result?;
+        all.extend(states);
+        highest = highest.max(share_highest);
     }
-    Ok(all)
+    Ok((all, highest))
+}
+
+fn decode_share(share: Vec<Window>) -> Result<Decoded, StoreError> {
+    let mut all = Vec::new();
+    let mut highest = 0;
+    for window in share {
+        let partition = window.partition;
+        let mut states = Vec::with_capacity(window.records.len());
+        for record in window.records {
+            let state = encoding::decode(&record.payload).map_err(|e| StoreError::Decode {
+                partition,
+                offset: record.offset,
+                message: e.to_string(),
+            })?;
+            highest = highest.max(state.version);
+            states.push((
+                state.key.clone(),
+                Cached {
+                    state: Arc::new(state),
+                    encoded: Arc::new(record.payload),
+                    partition,
+                    offset: record.offset,
+                },
+            ));
+        }
+        // Newest version first within a key, its first write first (a refresh writes the
+        // same version again), then keep the first of each key.
+        states.sort_unstable_by(|(a, x), (b, y)| {
+            a.cmp(b)
+                .then(y.state.version.cmp(&x.state.version))
+                .then(x.offset.cmp(&y.offset))
+        });
+        states.dedup_by(|later, first| later.0 == first.0);
+        all.extend(states);
+    }
+    Ok((all, highest))
 }
 
 #[cfg(test)]

@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 
+use super::state::in_scope;
 use super::{ActionState, ActionStateStore, KeyScope, Marker, StateKey, StoreError, Version};
 
 /// Partitions an [`InMemoryStore`] has unless told otherwise.
@@ -98,10 +99,7 @@ impl ActionStateStore for InMemoryStore {
     }
 
     fn states(&self, scope: &KeyScope) -> Vec<ActionState> {
-        self.lock()
-            .cache
-            .iter()
-            .filter(|(key, _)| &key.scope == scope)
+        in_scope(&self.lock().cache, scope, u64::MAX)
             .map(|(_, c)| ActionState::clone(&c.state))
             .collect()
     }
@@ -114,9 +112,13 @@ impl ActionStateStore for InMemoryStore {
     }
 
     async fn prune(&self, scope: &KeyScope, up_to: u64) -> Result<(), StoreError> {
-        self.lock()
-            .cache
-            .retain(|key, _| !(&key.scope == scope && key.sequence <= up_to));
+        let mut inner = self.lock();
+        let keys: Vec<StateKey> = in_scope(&inner.cache, scope, up_to)
+            .map(|(key, _)| key.clone())
+            .collect();
+        for key in keys {
+            inner.cache.remove(&key);
+        }
         Ok(())
     }
 

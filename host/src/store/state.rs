@@ -1,5 +1,6 @@
 //! What the store holds: action states, addressed by structured keys.
 
+use std::collections::BTreeMap;
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
@@ -91,6 +92,29 @@ pub struct StateKey {
     /// Where the triggering event came from (the input itself, or the n-th event a given
     /// action state sent). Two triggers of the same action within one input differ here.
     pub trigger: Digest,
+}
+
+impl StateKey {
+    /// The smallest key of `scope` at `sequence`: keys order by scope, then sequence.
+    fn first(scope: &KeyScope, sequence: u64) -> Self {
+        Self {
+            scope: scope.clone(),
+            sequence,
+            action: String::new(),
+            trigger: Digest([0; 32]),
+        }
+    }
+}
+
+/// The entries of `map` in `scope` with a sequence at most `up_to`, in key order, found by a
+/// range of the map rather than a walk over all of it.
+pub(crate) fn in_scope<'a, V>(
+    map: &'a BTreeMap<StateKey, V>,
+    scope: &'a KeyScope,
+    up_to: u64,
+) -> impl Iterator<Item = (&'a StateKey, &'a V)> {
+    map.range(StateKey::first(scope, 0)..)
+        .take_while(move |(key, _)| &key.scope == scope && key.sequence <= up_to)
 }
 
 impl fmt::Display for StateKey {
