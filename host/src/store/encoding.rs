@@ -1,30 +1,93 @@
 //! How an action state is written to the log: a version byte, then the state.
 //!
-//! Version 1 is the state as JSON. A fixture written by version 1 is kept in
-//! `host/tests/fixtures/` and read back by a test, so later versions prove they still read
-//! what this one wrote.
+//! - Version 1: the state as JSON. Read, no longer written.
+//! - Version 2 (written): binary. Integers little-endian; a string is its length (u32) and
+//!   its UTF-8 bytes; a list is its length (u32) and its items; a digest is its 32 bytes.
+//!
+//!   ```text
+//!   version u64 | tenant, agent, key | sequence u64 | action | trigger digest
+//!   | event kind, payload | calls: [function | args digest | idempotency key
+//!   | outcome u8 (0 pending, 1 succeeded, 2 failed) | value, unless pending]
+//!   | completed u8 (0, 1) | if completed: sent [kind, payload] | memory [name, value]
+//!   ```
+//!
+//! A fixture written by each version is kept in `host/tests/fixtures/` and read back by a
+//! test, so later versions prove they still read what earlier ones wrote.
 
-use super::ActionState;
+use super::MemoryWrite;
+use super::{ActionState, CallOutcome, CallRecord, Completion, Digest, KeyScope, StateKey};
+use crate::event::Event;
 
 /// The encoding this build writes.
-pub const ENCODING: u8 = 1;
+pub const ENCODING: u8 = 2;
 
 /// Why bytes from the log are not a state.
 #[derive(Debug, thiserror::Error)]
 pub enum DecodeError {
     #[error("empty record")]
     Empty,
-    #[error("state encoding {0} is not one this build reads (it reads 1)")]
+    #[error("state encoding {0} is not one this build reads (it reads 1 and 2)")]
     UnknownEncoding(u8),
     #[error("encoding 1: {0}")]
     Json(#[from] serde_json::Error),
+    #[error("encoding 2, at byte {at}: {problem}")]
+    Binary { at: usize, problem: String },
+}
+
+/// Why a state cannot be written.
+#[derive(Debug, thiserror::Error)]
+#[error("{what} is {len} bytes, over the 4 GiB a length can say")]
+pub struct EncodeError {
+    what: &'static str,
+    len: usize,
 }
 
 /// The bytes of `state` in the current encoding.
-pub fn encode(state: &ActionState) -> Result<Vec<u8>, serde_json::Error> {
-    let mut bytes = vec![ENCODING];
-    serde_json::to_writer(&mut bytes, state)?;
-    Ok(bytes)
+pub fn encode(state: &ActionState) -> Result<Vec<u8>, EncodeError> {
+    let mut out = Writer(Vec::with_capacity(256 + state.trigger.payload.len()));
+    out.0.push(ENCODING);
+    out.u64(state.version);
+    let key = &state.key;
+    out.str("tenant", &key.scope.tenant)?;
+    out.str("agent", &key.scope.agent)?;
+    out.str("key", &key.scope.key)?;
+    out.u64(key.sequence);
+    out.str("action", &key.action)?;
+    out.digest(&key.trigger);
+    out.event(&state.trigger)?;
+    out.len("calls", state.calls.len())?;
+    for call in &state.calls {
+        out.str("function", &call.function)?;
+        out.digest(&call.args_digest);
+        out.str("idempotency key", &call.idempotency_key)?;
+        match &call.outcome {
+            CallOutcome::Pending => out.0.push(0),
+            CallOutcome::Succeeded(value) => {
+                out.0.push(1);
+                out.str("call result", value)?;
+            }
+            CallOutcome::Failed(error) => {
+                out.0.push(2);
+                out.str("call error", error)?;
+            }
+        }
+    }
+    match &state.completion {
+        None => out.0.push(0),
+        Some(completion) => {
+            out.0.push(1);
+            out.len("sent events", completion.sent.len())?;
+            for event in &completion.sent {
+                out.event(event)?;
+            }
+            out.len("memory writes", completion.memory.len())?;
+            for write in &completion.memory {
+                out.str("memory name", &write.name)?;
+                out.str("memory value", &write.value)?;
+            }
+        }
+    }
+    Ok(out.0)
 }
 
 /// A state from bytes of any encoding this build reads.
@@ -32,7 +95,170 @@ pub fn decode(bytes: &[u8]) -> Result<ActionState, DecodeError> {
     match bytes.split_first() {
         None => Err(DecodeError::Empty),
         Some((1, rest)) => Ok(serde_json::from_slice(rest)?),
+        Some((2, _)) => decode_binary(&mut Reader { bytes, at: 1 }),
         Some((&other, _)) => Err(DecodeError::UnknownEncoding(other)),
+    }
+}
+
+fn decode_binary(r: &mut Reader<'_>) -> Result<ActionState, DecodeError> {
+    let version = r.u64()?;
+    let scope = KeyScope {
+        tenant: r.string()?,
+        agent: r.string()?,
+        key: r.string()?,
+    };
+    let key = StateKey {
+        scope,
+        sequence: r.u64()?,
+        action: r.string()?,
+        trigger: r.digest()?,
+    };
+    let trigger = r.event()?;
+    let count = r.len()?;
+    let mut calls = Vec::with_capacity(count.min(1024));
+    for _ in 0..count {
+        let function = r.string()?;
+        let args_digest = r.digest()?;
+        let idempotency_key = r.string()?;
+        let outcome = match r.u8()? {
+            0 => CallOutcome::Pending,
+            1 => CallOutcome::Succeeded(r.string()?),
+            2 => CallOutcome::Failed(r.string()?),
+            other => return Err(r.error(format!("call outcome {other} is not 0, 1 or 2"))),
+        };
+        calls.push(CallRecord {
+            function,
+            args_digest,
+            idempotency_key,
+            outcome,
+        });
+    }
+    let completion = match r.u8()? {
+        0 => None,
+        1 => {
+            let count = r.len()?;
+            let mut sent = Vec::with_capacity(count.min(1024));
+            for _ in 0..count {
+                sent.push(r.event()?);
+            }
+            let count = r.len()?;
+            let mut memory = Vec::with_capacity(count.min(1024));
+            for _ in 0..count {
+                memory.push(MemoryWrite {
+                    name: r.string()?,
+                    value: r.string()?,
+                });
+            }
+            Some(Completion { sent, memory })
+        }
+        other => return Err(r.error(format!("completion flag {other} is not 0 or 1"))),
+    };
+    if r.at != r.bytes.len() {
+        return Err(r.error(format!(
+            "{} bytes after the end of the state",
+            r.bytes.len() - r.at
+        )));
+    }
+    Ok(ActionState {
+        key,
+        trigger,
+        calls,
+        completion,
+        version,
+    })
+}
+
+struct Writer(Vec<u8>);
+
+impl Writer {
+    fn u64(&mut self, value: u64) {
+        self.0.extend_from_slice(&value.to_le_bytes());
+    }
+
+    fn len(&mut self, what: &'static str, len: usize) -> Result<(), EncodeError> {
+        let len32 = u32::try_from(len).map_err(|_| EncodeError { what, len })?;
+        self.0.extend_from_slice(&len32.to_le_bytes());
+        Ok(())
+    }
+
+    fn str(&mut self, what: &'static str, text: &str) -> Result<(), EncodeError> {
+        self.len(what, text.len())?;
+        self.0.extend_from_slice(text.as_bytes());
+        Ok(())
+    }
+
+    fn digest(&mut self, digest: &Digest) {
+        self.0.extend_from_slice(&digest.0);
+    }
+
+    fn event(&mut self, event: &Event) -> Result<(), EncodeError> {
+        self.str("event kind", &event.kind)?;
+        self.str("event payload", &event.payload)
+    }
+}
+
+struct Reader<'a> {
+    bytes: &'a [u8],
+    at: usize,
+}
+
+impl Reader<'_> {
+    fn error(&self, problem: String) -> DecodeError {
+        DecodeError::Binary {
+            at: self.at,
+            problem,
+        }
+    }
+
+    fn take(&mut self, n: usize) -> Result<&[u8], DecodeError> {
+        let Some(taken) = self.bytes.get(self.at..self.at.saturating_add(n)) else {
+            return Err(self.error(format!(
+                "{n} bytes needed, {} left",
+                self.bytes.len() - self.at.min(self.bytes.len())
+            )));
+        };
+        self.at += n;
+        Ok(taken)
+    }
+
+    fn array<const N: usize>(&mut self) -> Result<[u8; N], DecodeError> {
+        let mut array = [0u8; N];
+        array.copy_from_slice(self.take(N)?);
+        Ok(array)
+    }
+
+    fn u8(&mut self) -> Result<u8, DecodeError> {
+        Ok(self.array::<1>()?[0])
+    }
+
+    fn u64(&mut self) -> Result<u64, DecodeError> {
+        Ok(u64::from_le_bytes(self.array()?))
+    }
+
+    fn len(&mut self) -> Result<usize, DecodeError> {
+        let len = u32::from_le_bytes(self.array()?);
+        usize::try_from(len).map_err(|_| self.error(format!("length {len} does not fit")))
+    }
+
+    fn string(&mut self) -> Result<String, DecodeError> {
+        let len = self.len()?;
+        let at = self.at;
+        let bytes = self.take(len)?.to_vec();
+        String::from_utf8(bytes).map_err(|e| DecodeError::Binary {
+            at,
+            problem: format!("a string that is not UTF-8: {e}"),
+        })
+    }
+
+    fn digest(&mut self) -> Result<Digest, DecodeError> {
+        Ok(Digest(self.array()?))
+    }
+
+    fn event(&mut self) -> Result<Event, DecodeError> {
+        Ok(Event {
+            kind: self.string()?,
+            payload: self.string()?,
+        })
     }
 }
 
@@ -44,12 +270,12 @@ mod tests {
         CallOutcome, CallRecord, Completion, Digest, KeyScope, MemoryWrite, StateKey,
     };
 
-    const FIXTURE: &str = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/fixtures/action-state-v1.bin"
-    );
+    fn fixture(encoding: u8) -> std::path::PathBuf {
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join(format!("tests/fixtures/action-state-v{encoding}.bin"))
+    }
 
-    /// A state that uses every field, as version 1 wrote it to the fixture.
+    /// A state that uses every field, as each version wrote it to its fixture.
     fn fixture_state() -> ActionState {
         let call = |function: &str, outcome| CallRecord {
             function: function.to_owned(),
@@ -85,17 +311,29 @@ mod tests {
     }
 
     #[test]
-    fn the_version_1_fixture_is_still_read() {
-        let bytes = std::fs::read(FIXTURE).expect("the fixture is in the repository");
-        assert_eq!(bytes[0], 1, "the fixture is encoding 1");
-        assert_eq!(decode(&bytes).expect("decodes"), fixture_state());
+    fn every_fixture_is_still_read() {
+        for encoding in 1..=ENCODING {
+            let bytes = std::fs::read(fixture(encoding)).expect("the fixture is in the repository");
+            assert_eq!(bytes[0], encoding, "the fixture's encoding byte");
+            assert_eq!(
+                decode(&bytes).expect("decodes"),
+                fixture_state(),
+                "encoding {encoding}"
+            );
+        }
     }
 
     #[test]
     fn states_round_trip() {
         let state = fixture_state();
         let bytes = encode(&state).expect("encodes");
+        assert_eq!(bytes[0], ENCODING);
         assert_eq!(decode(&bytes).expect("decodes"), state);
+        let bare = ActionState::new(state.key.clone(), Event::new("", ""));
+        assert_eq!(
+            decode(&encode(&bare).expect("encodes")).expect("decodes"),
+            bare
+        );
     }
 
     #[test]
@@ -108,12 +346,49 @@ mod tests {
         assert!(matches!(decode(&[1, b'x']), Err(DecodeError::Json(_))));
     }
 
-    /// Writes the fixture. Run by hand only when adding a new encoding's fixture:
-    /// `cargo test -p rewind-host --lib write_fixture -- --ignored`.
+    #[test]
+    fn every_cut_of_a_binary_state_is_an_error_that_says_where() {
+        let bytes = encode(&fixture_state()).expect("encodes");
+        for cut in 1..bytes.len() {
+            let error = decode(&bytes[..cut]).expect_err("cut short");
+            assert!(
+                matches!(error, DecodeError::Binary { .. }),
+                "cut at {cut}: {error}"
+            );
+        }
+        let mut longer = bytes.clone();
+        longer.push(0);
+        let message = decode(&longer).expect_err("trailing byte").to_string();
+        assert!(message.contains("1 bytes after the end"), "{message}");
+    }
+
+    #[test]
+    fn a_bad_tag_or_string_is_named() {
+        let mut state = fixture_state();
+        state.calls.truncate(1);
+        state.completion = None;
+        let bytes = encode(&state).expect("encodes");
+        // The completion flag is the last byte.
+        let mut bad = bytes.clone();
+        *bad.last_mut().expect("a byte") = 7;
+        let message = decode(&bad).expect_err("bad flag").to_string();
+        assert!(message.contains("completion flag 7"), "{message}");
+        // The tenant's first byte, after the encoding, the version and the length.
+        let mut bad = bytes;
+        bad[1 + 8 + 4] = 0xff;
+        let message = decode(&bad).expect_err("bad UTF-8").to_string();
+        assert!(
+            message.contains("at byte 13: a string that is not UTF-8"),
+            "{message}"
+        );
+    }
+
+    /// Writes the fixture of the current encoding. Run by hand only when adding an
+    /// encoding: `cargo test -p rewind-host --lib write_fixture -- --ignored`.
     #[test]
     #[ignore = "writes the fixture file; run by hand"]
     fn write_fixture() {
         let bytes = encode(&fixture_state()).expect("encodes");
-        std::fs::write(FIXTURE, bytes).expect("write");
+        std::fs::write(fixture(ENCODING), bytes).expect("write");
     }
 }

@@ -36,8 +36,6 @@ pub enum MarkerStrategy {
 #[derive(Debug)]
 struct Cached {
     state: Arc<ActionState>,
-    /// The state as written, kept so that a refresh does not encode it again.
-    encoded: Arc<Vec<u8>>,
     partition: u32,
     /// Offset of this version's first write in its partition.
     offset: Offset,
@@ -215,7 +213,7 @@ impl LogStore {
 
     async fn refresh(&self) -> Result<Marker, StoreError> {
         let mut offsets = self.end_offsets().await?;
-        let states: Vec<(u32, Arc<Vec<u8>>)> = {
+        let states: Vec<(u32, Arc<ActionState>)> = {
             let cache = self.cache();
             // A write that was in flight when the offsets were captured may land below them
             // and is not in the cache to be re-appended: the marker stays at its floor.
@@ -227,18 +225,18 @@ impl LogStore {
             cache
                 .states
                 .values()
-                .map(|cached| (cached.partition, Arc::clone(&cached.encoded)))
+                .map(|cached| (cached.partition, Arc::clone(&cached.state)))
                 .collect()
         };
         // Every cached state, in its latest version, at or after the captured offsets. The
-        // cache does not change: its entries already hold these versions. Appended in
-        // batches, so that a large cache is not copied whole at once; group commit makes
-        // each batch durable with one sync per partition.
+        // cache does not change: its entries already hold these versions. Encoded and
+        // appended in batches, so that a large cache is not held encoded all at once; group
+        // commit makes each batch durable together.
         for batch in states.chunks(REFRESH_BATCH) {
             let batch = batch
                 .iter()
-                .map(|(partition, encoded)| (*partition, encoded.as_ref().clone()))
-                .collect();
+                .map(|(partition, state)| Ok((*partition, encode(state)?)))
+                .collect::<Result<_, StoreError>>()?;
             self.log
                 .append_many(batch)
                 .await
@@ -268,15 +266,12 @@ impl ActionStateStore for LogStore {
             version,
             ..state.clone()
         });
-        let encoded = Arc::new(encoding::encode(&state).map_err(|e| StoreError::Encode {
-            key: state.key.to_string(),
-            message: e.to_string(),
-        })?);
+        let encoded = encode(&state)?;
         let partition = self.partition_of(&state.key);
         let in_flight = InFlight::start(self, partition);
         let offset = self
             .log
-            .append(partition, encoded.as_ref().clone())
+            .append(partition, encoded)
             .await
             .map_err(log_error("writing an action state"))?;
         // Cached only now that the log has it, and never over a newer version (a refresh
@@ -290,7 +285,6 @@ impl ActionStateStore for LogStore {
         if !newer_cached {
             cache.insert(Cached {
                 state,
-                encoded,
                 partition,
                 offset,
             });
@@ -342,19 +336,10 @@ impl ActionStateStore for LogStore {
                 log: partitions as usize,
             });
         }
-        // Every partition's window at once: reads of different partitions overlap.
-        let mut reads = tokio::task::JoinSet::new();
-        for (partition, &from) in (0..partitions).zip(&marker.offsets) {
-            let log = Arc::clone(&self.log);
-            reads.spawn(async move { read_window(&*log, partition, from).await });
-        }
         let mut windows = Vec::with_capacity(partitions as usize);
-        while let Some(window) = reads.join_next().await {
-            windows.push(window.map_err(|e| {
-                StoreError::Unavailable(format!("reading the log: a task failed: {e}"))
-            })??);
+        for (partition, &from) in (0..partitions).zip(&marker.offsets) {
+            windows.push(read_window(&*self.log, partition, from).await?);
         }
-        windows.sort_by_key(|window| window.partition);
         let ends: Vec<Offset> = windows.iter().map(|window| window.end).collect();
         let (newest, highest) = newest_states(windows)?;
 
@@ -376,6 +361,13 @@ impl ActionStateStore for LogStore {
 /// States decoded from some partitions, each its newest version, and the highest version
 /// seen among all they held.
 type Decoded = (Vec<(StateKey, Cached)>, Version);
+
+fn encode(state: &ActionState) -> Result<Vec<u8>, StoreError> {
+    encoding::encode(state).map_err(|e| StoreError::Encode {
+        key: state.key.to_string(),
+        message: e.to_string(),
+    })
+}
 
 /// The records of one partition from a marker's offset to the end.
 struct Window {
@@ -467,7 +459,6 @@ fn decode_share(share: Vec<Window>) -> Result<Decoded, StoreError> {
                 state.key.clone(),
                 Cached {
                     state: Arc::new(state),
-                    encoded: Arc::new(record.payload),
                     partition,
                     offset: record.offset,
                 },
