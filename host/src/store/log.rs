@@ -159,7 +159,8 @@ pub struct LogStore {
     strategy: MarkerStrategy,
     cache: Mutex<Cache>,
     next_version: AtomicU64,
-    /// Per partition, an offset above every write this store has had acknowledged.
+    /// Per partition, an offset at or below which no later write can land: above every
+    /// write this store has had acknowledged, and every end offset it has read.
     acknowledged: Vec<AtomicU64>,
 }
 
@@ -198,14 +199,19 @@ impl LogStore {
         key.scope.partition(self.log.partitions())
     }
 
+    /// Every partition's end offset. A write submitted after this lands at or past it, so
+    /// it becomes the floor of later writes: a marker never falls below an earlier one's
+    /// ends because of a floor that missed records this store was not told about (a
+    /// refresh's appends, or a write whose caller stopped waiting).
     async fn end_offsets(&self) -> Result<Vec<Offset>, StoreError> {
         let mut ends = Vec::with_capacity(self.log.partitions() as usize);
-        for partition in 0..self.log.partitions() {
+        for (partition, acknowledged) in (0..self.log.partitions()).zip(&self.acknowledged) {
             let (_, end) = self
                 .log
                 .bounds(partition)
                 .await
                 .map_err(log_error("reading the log's end offsets"))?;
+            acknowledged.fetch_max(end, Ordering::AcqRel);
             ends.push(end);
         }
         Ok(ends)

@@ -12,19 +12,41 @@ use serde_json::{Value, json};
 
 use crate::support::{Counting, agent_file, agent_toml, sandbox};
 
+/// How a process keeps its state.
+#[derive(Clone, Copy)]
+struct Shape {
+    strategy: MarkerStrategy,
+    /// A checkpoint after this many inputs (and one at the end).
+    every_inputs: Option<u64>,
+    segment_bytes: u64,
+}
+
+impl Shape {
+    /// A checkpoint at the end only, default segments.
+    fn at_end(strategy: MarkerStrategy) -> Self {
+        Self {
+            strategy,
+            every_inputs: None,
+            segment_bytes: FileLogOptions::default().segment_bytes,
+        }
+    }
+}
+
 /// One "process": opens the state directory, recovers from its newest checkpoint, runs the
-/// inputs, checkpoints at the end. Returns the summary and the outputs it wrote.
+/// inputs, checkpoints as `shape` says. Returns the summary and the outputs it wrote.
 async fn process(
     state: &Path,
-    strategy: MarkerStrategy,
+    shape: Shape,
     toml: &str,
     gate: &Arc<Counting>,
     lines: &[Value],
 ) -> (Summary, Vec<Value>) {
+    let strategy = shape.strategy;
     let (log, _) = FileLog::open(
         &state.join("log"),
         FileLogOptions {
             partitions: 4,
+            segment_bytes: shape.segment_bytes,
             ..FileLogOptions::default()
         },
     )
@@ -60,7 +82,7 @@ async fn process(
     );
     let checkpointing = Checkpointing {
         store: checkpoints,
-        every_inputs: None,
+        every_inputs: shape.every_inputs,
         every: None,
         keep: 3,
         retention: Some(log),
@@ -97,21 +119,28 @@ async fn process(
     (summary, outputs)
 }
 
+/// The mock service, and the `caller` agent with `lookup` (the mock's order lookup, over
+/// HTTP) and `gate` (a custom function) declared.
+async fn lookup_and_gate() -> (rewind_mock::MockHandle, String) {
+    let mock = rewind_mock::MockService::start("127.0.0.1:0".parse().expect("addr"))
+        .await
+        .expect("mock");
+    let toml = agent_toml(
+        "caller",
+        "",
+        &format!(
+            "[functions.lookup]\nkind = \"http\"\nurl = \"{}/tools/orders.lookup\"\n\n[functions.gate]\nkind = \"custom\"\n",
+            mock.base_url()
+        ),
+    );
+    (mock, toml)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pending_call_survives_repeated_checkpoint_restore_and_completes() {
     for strategy in [MarkerStrategy::Refresh, MarkerStrategy::Offsets] {
-        let mock = rewind_mock::MockService::start("127.0.0.1:0".parse().expect("addr"))
-            .await
-            .expect("mock");
+        let (mock, toml) = lookup_and_gate().await;
         let dir = tempfile::tempdir().expect("tempdir");
-        let toml = agent_toml(
-            "caller",
-            "",
-            &format!(
-                "[functions.lookup]\nkind = \"http\"\nurl = \"{}/tools/orders.lookup\"\n\n[functions.gate]\nkind = \"custom\"\n",
-                mock.base_url()
-            ),
-        );
         // The gate is down for the first two processes: each ends with the action pending
         // after its real call, and takes a checkpoint that says so.
         let gate = Counting::unavailable_first(2);
@@ -121,7 +150,7 @@ async fn pending_call_survives_repeated_checkpoint_restore_and_completes() {
         ] } });
         let lines = [line];
 
-        let (first, _) = process(dir.path(), strategy, &toml, &gate, &lines).await;
+        let (first, _) = process(dir.path(), Shape::at_end(strategy), &toml, &gate, &lines).await;
         assert_eq!(first.failed.len(), 1, "{strategy:?}: {first:?}");
         let checkpoints = FileCheckpoints::new(dir.path().join("checkpoints"));
         let taken = checkpoints
@@ -135,14 +164,15 @@ async fn pending_call_survives_repeated_checkpoint_restore_and_completes() {
             "the checkpoint holds the pending input"
         );
 
-        let (second, _) = process(dir.path(), strategy, &toml, &gate, &[]).await;
+        let (second, _) = process(dir.path(), Shape::at_end(strategy), &toml, &gate, &[]).await;
         assert_eq!(
             second.failed.len(),
             1,
             "{strategy:?}: restored once, still pending"
         );
 
-        let (third, outputs) = process(dir.path(), strategy, &toml, &gate, &[]).await;
+        let (third, outputs) =
+            process(dir.path(), Shape::at_end(strategy), &toml, &gate, &[]).await;
         assert_eq!(
             third.completed, 1,
             "{strategy:?}: restored twice, then complete: {third:?}"
@@ -173,9 +203,95 @@ async fn a_finished_run_started_again_has_nothing_to_do() {
     let lines: Vec<Value> = (0..20)
         .map(|i| json!({ "key": format!("k{}", i % 4), "payload": { "calls": [{ "function": "gate", "args": { "i": i } }] } }))
         .collect();
-    let (first, outputs) = process(dir.path(), MarkerStrategy::Offsets, &toml, &gate, &lines).await;
+    let (first, outputs) = process(
+        dir.path(),
+        Shape::at_end(MarkerStrategy::Offsets),
+        &toml,
+        &gate,
+        &lines,
+    )
+    .await;
     assert_eq!((first.completed, outputs.len()), (20, 20));
-    let (again, outputs) = process(dir.path(), MarkerStrategy::Offsets, &toml, &gate, &lines).await;
+    let (again, outputs) = process(
+        dir.path(),
+        Shape::at_end(MarkerStrategy::Offsets),
+        &toml,
+        &gate,
+        &lines,
+    )
+    .await;
     assert_eq!((again.inputs, outputs.len()), (0, 0), "{again:?}");
     assert_eq!(gate.calls(), 20);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retention_keeps_what_the_oldest_checkpoint_needs() {
+    for strategy in [MarkerStrategy::Refresh, MarkerStrategy::Offsets] {
+        let (mock, toml) = lookup_and_gate().await;
+        let dir = tempfile::tempdir().expect("tempdir");
+        // The first input's call is recorded, then the gate is down: it stays pending
+        // while 40 more inputs fill small segments and 20 checkpoints are taken.
+        let gate = Counting::unavailable_first_of(1, "down");
+        let mut lines = vec![json!({ "key": "stuck", "payload": { "calls": [
+            { "function": "lookup", "args": { "order_id": "A1234" } },
+            { "function": "gate", "args": { "down": true } },
+        ] } })];
+        lines.extend((0..40).map(|i| {
+            json!({ "key": format!("k{}", i % 5), "payload": { "calls": [
+                { "function": "gate", "args": { "i": i, "pad": "x".repeat(200) } },
+            ] } })
+        }));
+        let shape = Shape {
+            strategy,
+            every_inputs: Some(2),
+            segment_bytes: 1024,
+        };
+        let (first, _) = process(dir.path(), shape, &toml, &gate, &lines).await;
+        assert_eq!(
+            (first.completed, first.failed.len()),
+            (40, 1),
+            "{strategy:?}"
+        );
+
+        let (log, _) = FileLog::open(
+            &dir.path().join("log"),
+            FileLogOptions {
+                partitions: 4,
+                segment_bytes: 1024,
+                ..FileLogOptions::default()
+            },
+        )
+        .expect("open log");
+        let checkpoints = FileCheckpoints::new(dir.path().join("checkpoints"));
+        let oldest = checkpoints.oldest().await.expect("oldest").expect("kept");
+        let mut deleted = 0;
+        for (partition, &needed) in (0..4).zip(&oldest.marker.offsets) {
+            let (start, _) = log.bounds(partition).await.expect("bounds");
+            assert!(
+                start <= needed,
+                "{strategy:?}: partition {partition} starts at {start}, past the oldest checkpoint's marker {needed}"
+            );
+            deleted += start;
+        }
+        assert!(deleted > 0, "{strategy:?}: retention deleted segments");
+        // The oldest kept checkpoint still recovers the pending input's record.
+        let log: Arc<dyn Log> = Arc::new(log);
+        let store = LogStore::new(Arc::clone(&log), strategy);
+        store
+            .rebuild(&oldest.marker)
+            .await
+            .expect("rebuild from the oldest");
+        let stuck = store.states(&KeyScope::new("default", "test", "stuck"));
+        assert_eq!(stuck.len(), 1, "{strategy:?}");
+        assert_eq!(stuck[0].calls.len(), 1, "{strategy:?}: the lookup's record");
+        drop((store, log));
+
+        let (second, outputs) = process(dir.path(), shape, &toml, &gate, &[]).await;
+        assert_eq!((second.completed, outputs.len()), (1, 1), "{strategy:?}");
+        assert_eq!(
+            mock.counts().for_route("/tools/orders.lookup"),
+            1,
+            "{strategy:?}: the recorded call never ran again"
+        );
+    }
 }

@@ -410,6 +410,34 @@ async fn checkpoint_while_a_write_awaits_its_acknowledgement_keeps_it_reachable(
     }
 }
 
+/// Found by `retention_keeps_what_the_oldest_checkpoint_needs`: a write's floor was the
+/// store's last acknowledged offset, which a refresh's appends do not move, so a marker
+/// taken during a write fell below earlier markers, and below what retention had deleted.
+#[tokio::test]
+async fn a_marker_taken_during_a_write_never_falls_below_an_earlier_one() {
+    for strategy in BOTH {
+        let log = Controlled::new(Arc::new(MemoryLog::new(1)));
+        let store = Arc::new(LogStore::new(log.clone(), strategy));
+        put(&store, state(key("a", 1), 1, false)).await;
+        store.marker().await.expect("first checkpoint");
+        let earlier = store.marker().await.expect("second checkpoint");
+
+        let release = log.hold_next_ack();
+        let write = tokio::spawn({
+            let store = Arc::clone(&store);
+            async move { put(&store, state(key("b", 1), 1, false)).await }
+        });
+        log.held.notified().await;
+        let during = store.marker().await.expect("checkpoint during the write");
+        release.send(()).expect("release");
+        write.await.expect("join");
+        assert!(
+            during.offsets[0] >= earlier.offsets[0],
+            "{strategy:?}: {during:?} after {earlier:?}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn offsets_strategy_marker_points_at_oldest_unpruned_write() {
     let log: Arc<dyn Log> = Arc::new(MemoryLog::new(1));

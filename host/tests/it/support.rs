@@ -138,6 +138,9 @@ pub struct Counting {
     /// Calls answered "unavailable" before the function starts answering: an outage that
     /// ends the run without a record, as a crash would.
     unavailable_first: u64,
+    /// When set, only calls whose args contain this count toward `unavailable_first`.
+    down_for: Option<String>,
+    matched: AtomicU64,
 }
 
 impl Counting {
@@ -160,6 +163,15 @@ impl Counting {
         })
     }
 
+    /// Unavailable for the first `n` calls whose args contain `fragment`; answers the rest.
+    pub fn unavailable_first_of(n: u64, fragment: &str) -> Arc<Self> {
+        Arc::new(Self {
+            unavailable_first: n,
+            down_for: Some(fragment.to_owned()),
+            ..Self::default()
+        })
+    }
+
     pub fn calls(&self) -> u64 {
         self.calls.load(Ordering::SeqCst)
     }
@@ -177,7 +189,10 @@ impl Function for Counting {
             .lock()
             .expect("lock")
             .push(request.idempotency_key.to_owned());
-        if n <= self.unavailable_first {
+        let down_for = self.down_for.as_deref();
+        if down_for.is_none_or(|fragment| request.args.contains(fragment))
+            && self.matched.fetch_add(1, Ordering::SeqCst) < self.unavailable_first
+        {
             return Err(FunctionError::Unavailable("the service is down".to_owned()));
         }
         match &self.fail_with {
