@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::config::{AgentFile, FunctionConfig, FunctionKind};
 use super::{Action, Agent, DEFAULT_TENANT};
-use crate::durable::CallPolicy;
+use crate::durable::{CallPolicy, InDoubtPolicy};
 use crate::functions::{
     Clock, Function, Functions, HttpConfig, HttpFunction, OpenAiChatConfig, OpenAiChatFunction,
     RandomFunction, RetryPolicy, SystemClock, TimeFunction,
@@ -134,6 +134,7 @@ impl AgentBuilder {
 
         let mut functions = Functions::new();
         let mut divergence_by_function = BTreeMap::new();
+        let mut in_doubt_by_function = BTreeMap::new();
         for (name, function) in &config.functions {
             let fail = |message: String| BuildError::Function {
                 agent: agent.clone(),
@@ -149,9 +150,24 @@ impl AgentBuilder {
                 })?,
                 _ => build_function(function, &self.clock).map_err(fail)?,
             };
+            let in_doubt = function.in_doubt.unwrap_or_default();
+            if in_doubt == InDoubtPolicy::Reconcile && !handler.can_reconcile() {
+                return Err(fail(format!(
+                    "in-doubt = \"reconcile\" needs a reconcile handler, and kind `{}` has none{}",
+                    function.kind_name(),
+                    if function.kind == FunctionKind::Http {
+                        ": set `reconcile-url`"
+                    } else {
+                        ""
+                    }
+                )));
+            }
             functions.register(name.clone(), handler, function.actions.clone());
             if let Some(policy) = function.divergence {
                 divergence_by_function.insert(name.clone(), policy);
+            }
+            if in_doubt != InDoubtPolicy::default() {
+                in_doubt_by_function.insert(name.clone(), in_doubt);
             }
         }
         if let Some(function) = self.custom.keys().next() {
@@ -169,6 +185,7 @@ impl AgentBuilder {
             policy: Arc::new(CallPolicy {
                 divergence: config.divergence,
                 divergence_by_function,
+                in_doubt_by_function,
                 calls_per_run: config.limits.calls_per_run,
             }),
             limits: config.limits,
@@ -209,6 +226,7 @@ fn build_function(
             timeout: Duration::from_millis(config.timeout_ms.unwrap_or(default_timeout)),
             retry,
             headers,
+            reconcile_url: config.reconcile_url.clone(),
         })
     };
     Ok(match config.kind {

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use crate::durable::DivergencePolicy;
+use crate::durable::{DivergencePolicy, InDoubtPolicy};
 use crate::sandbox::Limits;
 use crate::store::MarkerStrategy;
 
@@ -116,6 +116,10 @@ pub struct FunctionConfig {
     pub actions: Option<Vec<String>>,
     /// Overrides the agent's `divergence` for calls of this function.
     pub divergence: Option<DivergencePolicy>,
+    /// What a call found pending on replay means: `retry` (default), `reconcile`, `fail`.
+    pub in_doubt: Option<InDoubtPolicy>,
+    /// `http` with `in-doubt = "reconcile"`: where to ask what became of a call.
+    pub reconcile_url: Option<String>,
 }
 
 /// Why an agent could not be loaded. Names the file and what is wrong in it.
@@ -237,11 +241,19 @@ impl FunctionConfig {
             ("retries", self.retries.is_some()),
             ("headers", !self.headers.is_empty()),
             ("secret-headers", !self.secret_headers.is_empty()),
+            ("reconcile-url", self.reconcile_url.is_some()),
         ];
         let (required, allowed): (&[&str], &[&str]) = match self.kind {
             FunctionKind::Http => (
                 &["url"],
-                &["url", "timeout-ms", "retries", "headers", "secret-headers"],
+                &[
+                    "url",
+                    "timeout-ms",
+                    "retries",
+                    "headers",
+                    "secret-headers",
+                    "reconcile-url",
+                ],
             ),
             FunctionKind::OpenaiChat => (
                 &["base-url", "model"],

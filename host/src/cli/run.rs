@@ -159,8 +159,13 @@ fn print_summary(summary: &Summary) {
         summary.runs, summary.reapplied
     );
     eprintln!(
-        "calls: {} made, {} served from records",
-        summary.calls.live, summary.calls.replayed
+        "calls: {} made, {} served from records{}",
+        summary.calls.live,
+        summary.calls.replayed,
+        match summary.calls.reconciled {
+            0 => String::new(),
+            n => format!(", {n} in doubt answered by reconcile"),
+        }
     );
     eprintln!(
         "outputs: {} written, {} replayed duplicates dropped",

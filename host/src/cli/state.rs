@@ -60,6 +60,17 @@ pub async fn recover(
             cut.reason
         );
     }
+    if report.journal.dropped_bytes > 0 {
+        eprintln!(
+            "recovery: dropped {} bytes from the end of the commit journal; they were never acknowledged",
+            report.journal.dropped_bytes
+        );
+    }
+    for (partition, records) in &report.journal.restored {
+        eprintln!(
+            "recovery: restored {records} records to partition {partition} from the commit journal"
+        );
+    }
     let log: Arc<dyn Log> = Arc::new(log);
     let checkpoints = Arc::new(FileCheckpoints::new(checkpoints_dir(state)));
     let latest = checkpoints.latest().await?;

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use super::digest::{args_digest, idempotency_key};
 use crate::crash::{self, CrashPoint};
-use crate::functions::{CallRequest, FunctionError, Functions};
+use crate::functions::{CallRequest, Function, FunctionError, Functions, Reconciled};
 use crate::store::{
     ActionState, ActionStateStore, CallOutcome, CallRecord, Completion, Digest, StoreError,
 };
@@ -23,12 +23,30 @@ pub enum DivergencePolicy {
     Fail,
 }
 
+/// What a call found pending on replay (the process died while it ran) means (DESIGN.md,
+/// "In-doubt").
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum InDoubtPolicy {
+    /// Write once, after the call; a call that died with the process runs again with the
+    /// same idempotency key, for the remote side to drop the repeat.
+    #[default]
+    Retry,
+    /// Write a pending record before the call; one found on replay asks the function's
+    /// reconcile handler what happened, and records its answer.
+    Reconcile,
+    /// Write a pending record before the call; one found on replay fails the run.
+    Fail,
+}
+
 /// How an agent's durable calls behave.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct CallPolicy {
     pub divergence: DivergencePolicy,
     /// Overrides of `divergence`, by the name of the function being called.
     pub divergence_by_function: BTreeMap<String, DivergencePolicy>,
+    /// In-doubt policies other than the default, by function.
+    pub in_doubt_by_function: BTreeMap<String, InDoubtPolicy>,
     /// Durable calls one run may make, replayed ones included.
     pub calls_per_run: u32,
 }
@@ -39,6 +57,13 @@ impl CallPolicy {
             .get(function)
             .copied()
             .unwrap_or(self.divergence)
+    }
+
+    fn in_doubt_for(&self, function: &str) -> InDoubtPolicy {
+        self.in_doubt_by_function
+            .get(function)
+            .copied()
+            .unwrap_or_default()
     }
 }
 
@@ -71,6 +96,16 @@ pub enum Fault {
         function: String,
         args: String,
     },
+    #[error(
+        "call {index} to `{function}` (idempotency key {idempotency_key}) is in doubt: it \
+         was started and the process stopped before its result was recorded; in-doubt = \
+         \"fail\" does not guess. Ask the remote side what became of it"
+    )]
+    InDoubt {
+        index: usize,
+        function: String,
+        idempotency_key: String,
+    },
     #[error("limit exceeded: calls-per-run ({limit})")]
     CallLimit { limit: u32 },
     #[error("durable call `{function}`: args are not valid JSON: {message}")]
@@ -94,6 +129,8 @@ pub struct CallStats {
     pub replayed: u64,
     /// Records dropped because the run diverged from them.
     pub truncated: u64,
+    /// Calls found in doubt and answered by their reconcile handler.
+    pub reconciled: u64,
 }
 
 impl std::ops::AddAssign for CallStats {
@@ -101,6 +138,7 @@ impl std::ops::AddAssign for CallStats {
         self.live += other.live;
         self.replayed += other.replayed;
         self.truncated += other.truncated;
+        self.reconciled += other.reconciled;
     }
 }
 
@@ -182,32 +220,94 @@ impl DurableCalls {
         let handler = Arc::clone(&declared.handler);
 
         let index = self.next;
-        if let Some(record) = self.state.calls.get(index) {
-            if record.function == function && record.args_digest == digest {
-                let served = match &record.outcome {
-                    CallOutcome::Succeeded(result) => Some(Ok(result.clone())),
-                    CallOutcome::Failed(error) => Some(Err(CallError::Failed(error.clone()))),
-                    // The call may or may not have run; under the default in-doubt policy
-                    // it runs again with the same idempotency key.
-                    CallOutcome::Pending => None,
-                };
-                if let Some(served) = served {
-                    self.next += 1;
-                    self.stats.replayed += 1;
-                    return Ok(served);
-                }
-            } else {
-                self.diverge(index, record.clone(), function, digest)
-                    .await?;
-            }
-        }
-
         let key = idempotency_key(&self.state.key, index);
         let request = CallRequest {
             function,
             args,
             idempotency_key: &key,
         };
+        let in_doubt = self.policy.in_doubt_for(function);
+        if let Some(record) = self.state.calls.get(index) {
+            if record.function == function && record.args_digest == digest {
+                let served = match &record.outcome {
+                    CallOutcome::Succeeded(result) => Ok(result.clone()),
+                    CallOutcome::Failed(error) => Err(CallError::Failed(error.clone())),
+                    CallOutcome::Pending => {
+                        return match self.in_doubt(in_doubt, &*handler, index, request).await? {
+                            Some(answer) => {
+                                self.next += 1;
+                                Ok(answer)
+                            }
+                            None => self.run(&*handler, index, digest, request).await,
+                        };
+                    }
+                };
+                self.next += 1;
+                self.stats.replayed += 1;
+                return Ok(served);
+            }
+            self.diverge(index, record.clone(), function, digest)
+                .await?;
+        }
+        if in_doubt != InDoubtPolicy::Retry {
+            // The pending record is durable before the call can have any effect.
+            self.record(index, request, digest, CallOutcome::Pending)
+                .await?;
+        }
+        self.run(&*handler, index, digest, request).await
+    }
+
+    /// A pending record at `index`: what the policy makes of it. `Some` is the call's answer
+    /// (already recorded); `None` means the call is to be made now.
+    async fn in_doubt(
+        &mut self,
+        policy: InDoubtPolicy,
+        handler: &dyn Function,
+        index: usize,
+        request: CallRequest<'_>,
+    ) -> Result<Option<Result<String, CallError>>, Fault> {
+        match policy {
+            // The call may or may not have run; it runs again with the same key.
+            InDoubtPolicy::Retry => Ok(None),
+            InDoubtPolicy::Fail => Err(Fault::InDoubt {
+                index,
+                function: request.function.to_owned(),
+                idempotency_key: request.idempotency_key.to_owned(),
+            }),
+            InDoubtPolicy::Reconcile => {
+                let (outcome, answer) = match handler.reconcile(request).await {
+                    Ok(Reconciled::NotRun) => return Ok(None),
+                    Ok(Reconciled::Succeeded(value)) => {
+                        (CallOutcome::Succeeded(value.clone()), Ok(value))
+                    }
+                    Ok(Reconciled::Failed(error)) | Err(FunctionError::Failed(error)) => (
+                        CallOutcome::Failed(error.clone()),
+                        Err(CallError::Failed(error)),
+                    ),
+                    Err(FunctionError::Unavailable(message)) => {
+                        return Err(Fault::Unavailable {
+                            function: request.function.to_owned(),
+                            idempotency_key: request.idempotency_key.to_owned(),
+                            message: format!("reconciling a call in doubt: {message}"),
+                        });
+                    }
+                };
+                let digest = self.state.calls[index].args_digest;
+                self.record(index, request, digest, outcome).await?;
+                self.stats.reconciled += 1;
+                Ok(Some(answer))
+            }
+        }
+    }
+
+    /// Makes the call live and records its outcome at `index`.
+    async fn run(
+        &mut self,
+        handler: &dyn Function,
+        index: usize,
+        digest: Digest,
+        request: CallRequest<'_>,
+    ) -> Result<Result<String, CallError>, Fault> {
         crash::reached(CrashPoint::BeforeCall);
         let (outcome, result) = match handler.call(request).await {
             Ok(value) => (CallOutcome::Succeeded(value.clone()), Ok(value)),
@@ -217,25 +317,36 @@ impl DurableCalls {
             ),
             Err(FunctionError::Unavailable(message)) => {
                 return Err(Fault::Unavailable {
-                    function: function.to_owned(),
-                    idempotency_key: key,
+                    function: request.function.to_owned(),
+                    idempotency_key: request.idempotency_key.to_owned(),
                     message,
                 });
             }
         };
         crash::reached(CrashPoint::AfterCall);
-        self.state.calls.truncate(index);
-        self.state.calls.push(CallRecord {
-            function: function.to_owned(),
-            args_digest: digest,
-            idempotency_key: key,
-            outcome,
-        });
-        self.write().await?;
+        self.record(index, request, digest, outcome).await?;
         crash::reached(CrashPoint::AfterRecord);
         self.next += 1;
         self.stats.live += 1;
         Ok(result)
+    }
+
+    /// Sets the record at `index` (dropping any after it) and writes the state.
+    async fn record(
+        &mut self,
+        index: usize,
+        request: CallRequest<'_>,
+        digest: Digest,
+        outcome: CallOutcome,
+    ) -> Result<(), Fault> {
+        self.state.calls.truncate(index);
+        self.state.calls.push(CallRecord {
+            function: request.function.to_owned(),
+            args_digest: digest,
+            idempotency_key: request.idempotency_key.to_owned(),
+            outcome,
+        });
+        self.write().await
     }
 
     /// Writes the state as it is now; the guest sees nothing of it until this returns.

@@ -6,4 +6,6 @@
 mod call;
 pub mod digest;
 
-pub use call::{CallError, CallPolicy, CallStats, DivergencePolicy, DurableCalls, Fault};
+pub use call::{
+    CallError, CallPolicy, CallStats, DivergencePolicy, DurableCalls, Fault, InDoubtPolicy,
+};

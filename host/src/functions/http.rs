@@ -6,7 +6,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use reqwest::StatusCode;
 
-use super::{CallRequest, Function, FunctionError};
+use super::{CallRequest, Function, FunctionError, Reconciled};
 
 /// Retries on transport errors and 5xx answers, with exponential backoff.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -46,6 +46,11 @@ pub struct HttpConfig {
     /// Sent with every request. Values may be secrets: they never reach a guest and are not
     /// printed by `Debug`.
     pub headers: Vec<(String, String)>,
+    /// Asked, with the call's `Idempotency-Key`, what became of a call left in doubt
+    /// (`in-doubt = "reconcile"`): `GET`; 200 with the call's JSON result, 404 when it never
+    /// ran, another 4xx when it failed (recorded as the failure); 5xx or no answer: unknown
+    /// yet, the run fails and the call stays pending.
+    pub reconcile_url: Option<String>,
 }
 
 impl fmt::Debug for HttpConfig {
@@ -56,6 +61,7 @@ impl fmt::Debug for HttpConfig {
             .field("timeout", &self.timeout)
             .field("retry", &self.retry)
             .field("headers", &names)
+            .field("reconcile_url", &self.reconcile_url)
             .finish()
     }
 }
@@ -88,16 +94,37 @@ impl JsonPoster {
 
     /// POSTs `body` with the idempotency key, retrying transport errors and 5xx.
     pub async fn post(&self, body: String, idempotency_key: &str) -> Result<Answer, FunctionError> {
+        self.send(
+            reqwest::Method::POST,
+            &self.config.url,
+            Some(body),
+            idempotency_key,
+        )
+        .await
+    }
+
+    /// Sends `method url` with the idempotency key (and `body`, as JSON), retrying transport
+    /// errors and 5xx.
+    pub async fn send(
+        &self,
+        method: reqwest::Method,
+        url: &str,
+        body: Option<String>,
+        idempotency_key: &str,
+    ) -> Result<Answer, FunctionError> {
         let retry = self.config.retry;
         let mut attempt = 0;
         loop {
             let mut request = self
                 .client
-                .post(&self.config.url)
+                .request(method.clone(), url)
                 .timeout(self.config.timeout)
-                .header("content-type", "application/json")
-                .header("idempotency-key", idempotency_key)
-                .body(body.clone());
+                .header("idempotency-key", idempotency_key);
+            if let Some(body) = &body {
+                request = request
+                    .header("content-type", "application/json")
+                    .body(body.clone());
+            }
             for (name, value) in &self.config.headers {
                 request = request.header(name, value);
             }
@@ -116,15 +143,14 @@ impl JsonPoster {
                 Err(_) => true,
             };
             if retryable && attempt < retry.retries {
-                tracing::debug!(url = %self.config.url, attempt, "retrying after {:?}", outcome);
+                tracing::debug!(%url, attempt, "retrying after {:?}", outcome);
                 tokio::time::sleep(retry.backoff(attempt)).await;
                 attempt += 1;
                 continue;
             }
             return outcome.map_err(|e| {
                 FunctionError::Unavailable(format!(
-                    "POST {} failed after {} attempts: {e}",
-                    self.config.url,
+                    "{method} {url} failed after {} attempts: {e}",
                     attempt + 1
                 ))
             });
@@ -197,6 +223,38 @@ impl Function for HttpFunction {
             .post(request.args.to_owned(), request.idempotency_key)
             .await?;
         json_result(self.poster.url(), answer).map(|value| value.to_string())
+    }
+
+    fn can_reconcile(&self) -> bool {
+        self.poster.config.reconcile_url.is_some()
+    }
+
+    async fn reconcile(&self, request: CallRequest<'_>) -> Result<Reconciled, FunctionError> {
+        let Some(url) = &self.poster.config.reconcile_url else {
+            return Err(FunctionError::Unavailable(format!(
+                "`{}` has no reconcile-url",
+                request.function
+            )));
+        };
+        let answer = self
+            .poster
+            .send(reqwest::Method::GET, url, None, request.idempotency_key)
+            .await?;
+        if answer.status == StatusCode::NOT_FOUND {
+            return Ok(Reconciled::NotRun);
+        }
+        // Unlike a call's, a reconcile's last 5xx says nothing about the call: ask again later.
+        if answer.status.is_server_error() {
+            return Err(FunctionError::Unavailable(format!(
+                "GET {url} answered {}",
+                answer.status
+            )));
+        }
+        match json_result(url, answer) {
+            Ok(value) => Ok(Reconciled::Succeeded(value.to_string())),
+            Err(FunctionError::Failed(error)) => Ok(Reconciled::Failed(error)),
+            Err(other) => Err(other),
+        }
     }
 
     fn endpoint(&self) -> Option<&str> {

@@ -41,11 +41,39 @@ pub enum FunctionError {
     Unavailable(String),
 }
 
+/// What the remote side says became of a call left in doubt (DESIGN.md, "In-doubt").
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Reconciled {
+    /// It ran and answered this JSON: recorded as the call's result.
+    Succeeded(String),
+    /// It ran and failed: recorded as the call's failure.
+    Failed(String),
+    /// It never ran: the call is made now, with the same idempotency key.
+    NotRun,
+}
+
 /// The handler behind a declared function.
 #[async_trait]
 pub trait Function: Send + Sync + fmt::Debug {
     /// Runs one call. Returns the JSON text of the result.
     async fn call(&self, request: CallRequest<'_>) -> Result<String, FunctionError>;
+
+    /// Whether [`reconcile`](Self::reconcile) can ask the remote side; a function declared
+    /// `in-doubt = "reconcile"` must be able to.
+    fn can_reconcile(&self) -> bool {
+        false
+    }
+
+    /// Asks the remote side what became of the call `request` describes, which a crash
+    /// left pending with no result. `Err(Unavailable)` when it cannot be asked now: the run
+    /// fails, the call stays pending, and the next run asks again. `Err(Failed)` is taken
+    /// as [`Reconciled::Failed`].
+    async fn reconcile(&self, request: CallRequest<'_>) -> Result<Reconciled, FunctionError> {
+        Err(FunctionError::Unavailable(format!(
+            "`{}` has no reconcile handler",
+            request.function
+        )))
+    }
 
     /// Where the function reaches out to, if anywhere (checked before a run starts).
     fn endpoint(&self) -> Option<&str> {

@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::extract::State;
-use axum::http::HeaderMap;
-use axum::routing::post;
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::{get, post};
 use serde_json::{Value, json};
 
 use crate::support::{guest, workspace_root};
@@ -25,6 +25,8 @@ struct Remote {
     /// `(n, pid)`: SIGKILL process `pid` while serving the `n`th request (counted from 1),
     /// after the effect and before the answer.
     kill_during: Arc<Mutex<Option<(u64, u32)>>>,
+    /// Reconcile requests: what became of a key's charge.
+    asks: Arc<Mutex<u64>>,
 }
 
 impl Remote {
@@ -77,6 +79,20 @@ async fn serve(remote: Remote) -> String {
                 axum::Json(answer)
             }),
         )
+        .route(
+            "/charge/status",
+            get(|State(remote): State<Remote>, headers: HeaderMap| async move {
+                *remote.asks.lock().expect("lock") += 1;
+                let key = headers
+                    .get("idempotency-key")
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or_default();
+                match remote.effects.lock().expect("lock").get(key) {
+                    Some(answer) => (StatusCode::OK, answer.to_string()),
+                    None => (StatusCode::NOT_FOUND, String::new()),
+                }
+            }),
+        )
         .with_state(remote);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
@@ -86,12 +102,12 @@ async fn serve(remote: Remote) -> String {
     format!("http://{addr}/charge")
 }
 
-fn write_agent(dir: &Path, url: &str, parallelism: u32, marker: &str) -> PathBuf {
+fn write_agent(dir: &Path, url: &str, parallelism: u32, marker: &str, in_doubt: &str) -> PathBuf {
     let path = dir.join("agent.toml");
     std::fs::write(
         &path,
         format!(
-            "name = \"kill\"\nparallelism = {parallelism}\n\n[state]\npartitions = 4\nmarker = \"{marker}\"\ncheckpoint-every-ms = 15\ncheckpoint-every-inputs = 7\n\n[[actions]]\nname = \"work\"\ncomponent = {:?}\non = [\"input\"]\n\n[functions.charge]\nkind = \"http\"\nurl = \"{url}\"\n",
+            "name = \"kill\"\nparallelism = {parallelism}\n\n[state]\npartitions = 4\nmarker = \"{marker}\"\ncheckpoint-every-ms = 15\ncheckpoint-every-inputs = 7\n\n[[actions]]\nname = \"work\"\ncomponent = {:?}\non = [\"input\"]\n\n[functions.charge]\nkind = \"http\"\nurl = \"{url}\"\nin-doubt = \"{in_doubt}\"\nreconcile-url = \"{url}/status\"\n",
             guest("caller").display().to_string()
         ),
     )
@@ -171,13 +187,13 @@ struct Case {
 }
 
 impl Case {
-    async fn new(parallelism: u32, marker: &str, inputs: u32) -> Self {
+    async fn new(parallelism: u32, marker: &str, in_doubt: &str, inputs: u32) -> Self {
         let remote = Remote::default();
         let url = serve(remote.clone()).await;
         let dir = tempfile::tempdir().expect("tempdir");
         let runner = Runner {
             dir: dir.path().to_owned(),
-            agent: write_agent(dir.path(), &url, parallelism, marker),
+            agent: write_agent(dir.path(), &url, parallelism, marker, in_doubt),
             inputs: write_inputs(dir.path(), inputs),
         };
         Self {
@@ -189,7 +205,7 @@ impl Case {
 
     /// The case run once, uninterrupted.
     async fn reference(parallelism: u32, marker: &str, inputs: u32) -> Self {
-        let case = Self::new(parallelism, marker, inputs).await;
+        let case = Self::new(parallelism, marker, "retry", inputs).await;
         let runner = case.runner.clone();
         let status = tokio::task::spawn_blocking(move || runner.command().status())
             .await
@@ -223,7 +239,7 @@ fn delays(seed: u64) -> impl Iterator<Item = Duration> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_and_restarted_runs_call_each_key_once_and_write_the_uninterrupted_output() {
     let reference = Case::reference(4, "offsets", 150).await;
-    let case = Case::new(4, "offsets", 150).await;
+    let case = Case::new(4, "offsets", "retry", 150).await;
     let runner = case.runner.clone();
     let (succeeded, kills) = tokio::task::spawn_blocking(move || {
         let seed = 7;
@@ -293,8 +309,20 @@ enum Repeats {
 /// Runs 60 inputs (120 calls) with one input in flight, killed once for each of `nths`,
 /// then to the end; compares with an uninterrupted run.
 async fn killed_at(kill: KillAt, marker: &'static str, nths: &'static [u64], repeats: Repeats) {
+    killed_at_with(kill, marker, "retry", nths, repeats).await;
+}
+
+/// `killed_at`, with `charge` declared `in-doubt = in_doubt`. Returns the reconcile
+/// requests the remote answered.
+async fn killed_at_with(
+    kill: KillAt,
+    marker: &'static str,
+    in_doubt: &'static str,
+    nths: &'static [u64],
+    repeats: Repeats,
+) -> u64 {
     let reference = Case::reference(1, marker, 60).await;
-    let case = Case::new(1, marker, 60).await;
+    let case = Case::new(1, marker, in_doubt, 60).await;
     let (runner, remote) = (case.runner.clone(), case.remote.clone());
     tokio::task::spawn_blocking(move || {
         use std::os::unix::process::ExitStatusExt;
@@ -348,6 +376,7 @@ async fn killed_at(kill: KillAt, marker: &'static str, nths: &'static [u64], rep
         Repeats::OnePerKill => assert_eq!(repeated, kills, "one per kill; {}", explain()),
         Repeats::AtMostOnePerKill => assert!(repeated <= kills, "{repeated}; {}", explain()),
     }
+    *remote.asks.lock().expect("lock")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -426,4 +455,16 @@ async fn killed_during_a_checkpoint_recovers_from_the_one_before() {
         repeats,
     )
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_around_a_call_with_reconcile_asks_instead_of_calling_again() {
+    let after = KillAt::Point("after-call");
+    let asks = killed_at_with(after, "offsets", "reconcile", &[2, 25, 40], Repeats::None).await;
+    assert_eq!(asks, 3, "one question per call left in doubt");
+    // Killed before the call: the pending record is there, the remote never saw the call
+    // (404), so it is made then, once.
+    let before = KillAt::Point("before-call");
+    let asks = killed_at_with(before, "refresh", "reconcile", &[1, 30], Repeats::None).await;
+    assert_eq!(asks, 2);
 }

@@ -5,6 +5,7 @@ mod calls;
 mod cli;
 mod concurrency;
 mod functions;
+mod in_doubt;
 mod kill;
 mod recovery;
 mod sandbox;
