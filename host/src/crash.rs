@@ -9,13 +9,18 @@
 //! The points mark the durable boundaries of DESIGN.md, so a test can kill a run at each of
 //! them rather than at a random moment and hope to land on one.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 /// The environment variable that arms the `rewind` binary: `POINT[:N]`.
 pub const ENV: &str = "REWIND_CRASH_AT";
+
+/// The environment variable that makes the `rewind` binary count the points it reaches and
+/// write the counts, as JSON, to the file it names when it exits.
+pub const COUNT_ENV: &str = "REWIND_CRASH_COUNT";
 
 /// A durable boundary where a process can be killed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -33,16 +38,20 @@ pub enum CrashPoint {
     CheckpointSave,
     /// A checkpoint is saved; pruning and retention have not run.
     CheckpointSaved,
+    /// The log writer is about to write a batch: half of its first record reaches the
+    /// segment file (synced), and the process dies, leaving a torn tail.
+    TornWrite,
 }
 
 impl CrashPoint {
-    pub const ALL: [CrashPoint; 6] = [
+    pub const ALL: [CrashPoint; 7] = [
         CrashPoint::BeforeCall,
         CrashPoint::AfterCall,
         CrashPoint::AfterRecord,
         CrashPoint::CheckpointRefresh,
         CrashPoint::CheckpointSave,
         CrashPoint::CheckpointSaved,
+        CrashPoint::TornWrite,
     ];
 
     pub fn name(self) -> &'static str {
@@ -53,6 +62,7 @@ impl CrashPoint {
             CrashPoint::CheckpointRefresh => "checkpoint-refresh",
             CrashPoint::CheckpointSave => "checkpoint-save",
             CrashPoint::CheckpointSaved => "checkpoint-saved",
+            CrashPoint::TornWrite => "torn-write",
         }
     }
 }
@@ -143,9 +153,35 @@ pub fn arm_from_env() -> Result<Option<Crash>, ParseCrashError> {
     Ok(Some(crash))
 }
 
+static COUNTING: AtomicBool = AtomicBool::new(false);
+static COUNTS: [AtomicU64; CrashPoint::ALL.len()] =
+    [const { AtomicU64::new(0) }; CrashPoint::ALL.len()];
+
+/// Starts counting the points this process reaches (see [`counts`]).
+pub fn count() {
+    COUNTING.store(true, Ordering::SeqCst);
+}
+
+/// How many times each point was reached since [`count`].
+pub fn counts() -> BTreeMap<String, u64> {
+    CrashPoint::ALL
+        .iter()
+        .zip(&COUNTS)
+        .map(|(point, n)| (point.name().to_owned(), n.load(Ordering::SeqCst)))
+        .collect()
+}
+
 /// Marks that `point` is reached; kills the process if it is armed there and this is the
 /// time.
 pub fn reached(point: CrashPoint) {
+    reached_then(point, || {});
+}
+
+/// [`reached`], running `last` just before the process is killed.
+pub fn reached_then(point: CrashPoint, last: impl FnOnce()) {
+    if COUNTING.load(Ordering::Relaxed) {
+        COUNTS[point as usize].fetch_add(1, Ordering::SeqCst);
+    }
     let Some(armed) = ARMED.get() else {
         return;
     };
@@ -153,6 +189,7 @@ pub fn reached(point: CrashPoint) {
         return;
     }
     if armed.reached.fetch_add(1, Ordering::SeqCst) + 1 == armed.crash.nth {
+        last();
         eprintln!("rewind: crash injected at {} ({ENV})", armed.crash);
         let _ =
             rustix::process::kill_process(rustix::process::getpid(), rustix::process::Signal::KILL);
@@ -191,6 +228,7 @@ mod tests {
             "{message}"
         );
         assert!(message.contains("after-call, after-record"), "{message}");
+        assert!(message.contains("torn-write"), "{message}");
         let message = "after-call:x"
             .parse::<Crash>()
             .expect_err("count")

@@ -23,3 +23,4 @@ pub mod functions;
 pub mod log;
 pub mod sandbox;
 pub mod store;
+pub mod testing;

@@ -26,11 +26,25 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(cli::main(args)) {
+    let counts = std::env::var_os(rewind_host::crash::COUNT_ENV);
+    if counts.is_some() {
+        rewind_host::crash::count();
+    }
+    let code = match runtime.block_on(cli::main(args)) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e:#}");
             std::process::ExitCode::FAILURE
         }
+    };
+    if let Some(path) = counts {
+        let counts = serde_json::to_string(&rewind_host::crash::counts()).unwrap_or_default();
+        if let Err(e) = std::fs::write(&path, counts) {
+            eprintln!(
+                "error: writing crash point counts to {}: {e}",
+                path.display()
+            );
+        }
     }
+    code
 }

@@ -4,6 +4,7 @@ mod check;
 mod inspect;
 mod run;
 mod state;
+mod test;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -36,6 +37,9 @@ enum Command {
     Check(check::CheckArgs),
     /// Show what runs recorded: per key, the actions and their calls.
     Inspect(inspect::InspectArgs),
+    /// Kill an agent's run at every durable boundary in turn, recover, and compare with an
+    /// uninterrupted run.
+    Test(test::TestArgs),
 }
 
 pub fn init_tracing(verbose: u8) {
@@ -65,5 +69,6 @@ pub async fn main(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Run(args) => run::run(args, sandbox()?).await,
         Command::Check(args) => check::check(args, sandbox()?),
         Command::Inspect(args) => inspect::inspect(args).await,
+        Command::Test(args) => test::test(args, cli.cache_dir.clone()).await,
     }
 }

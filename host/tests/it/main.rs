@@ -7,6 +7,7 @@ mod concurrency;
 mod functions;
 mod in_doubt;
 mod kill;
+mod kit;
 mod recovery;
 mod sandbox;
 mod store;

@@ -6,6 +6,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use super::entry::{self, Decoded};
+use crate::crash::{self, CrashPoint};
 use crate::log::{LogError, Offset, Record};
 
 /// One segment file: records from `base` on, at byte `positions[i]` for offset `base + i`.
@@ -74,6 +75,10 @@ impl Partition {
             self.roll()?;
         }
         let position = self.active_segment().size;
+        crash::reached_then(CrashPoint::TornWrite, || {
+            let _ = self.active.write_all(&frame[..frame.len() / 2]);
+            let _ = self.active.sync_data();
+        });
         if let Err(source) = self.active.write_all(frame) {
             // Cut what part of the frame reached the file, so that the next record starts at
             // a record boundary; if even that fails, stop taking writes.

@@ -1,0 +1,176 @@
+//! The crash-injection kit (`rewind_host::testing`, `rewind test`) over the example agents
+//! at every crash point, and over in-doubt policies.
+
+use std::path::PathBuf;
+
+use rewind_host::crash::CrashPoint;
+use rewind_host::testing::{CrashAt, Kit, Outcome, Report, Script};
+use serde_json::json;
+
+use crate::support::{guest, workspace_root};
+
+fn kit(agent: PathBuf, input: PathBuf, work: &str) -> Kit {
+    Kit {
+        rewind: PathBuf::from(env!("CARGO_BIN_EXE_rewind")),
+        agent,
+        input,
+        work: workspace_root().join("target").join("kit").join(work),
+        cache_dir: Some(workspace_root().join("target").join("rewind-test-cache")),
+        rewrites: Vec::new(),
+        scripts: Vec::new(),
+    }
+}
+
+/// Every case passed, and every kind of point in `kinds` was exercised.
+fn assert_passed(report: &Report, kinds: &[CrashPoint]) {
+    let failures: Vec<String> = report
+        .failures()
+        .map(|case| format!("{}: {:?}", case.crash, case.outcome))
+        .collect();
+    assert!(
+        failures.is_empty(),
+        "{}\n{}",
+        report.table(),
+        failures.join("\n")
+    );
+    for kind in kinds {
+        assert!(
+            report
+                .cases
+                .iter()
+                .any(|c| c.crash.point == *kind && matches!(c.outcome, Outcome::Recovered { .. })),
+            "{kind} was exercised:\n{}",
+            report.table()
+        );
+    }
+}
+
+/// The example agents against the example mock service, at every point they reach.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_example_agent_survives_a_crash_at_every_durable_boundary() {
+    let mock = rewind_mock::MockService::start("127.0.0.1:0".parse().expect("addr"))
+        .await
+        .expect("mock");
+    for example in ["support", "enrichment"] {
+        let dir = workspace_root().join("examples").join(example);
+        let mut kit = kit(dir.join("agent.toml"), dir.join("inputs.jsonl"), example);
+        kit.rewrites = vec![("http://127.0.0.1:7181".to_owned(), mock.base_url())];
+        let report = kit.run(&CrashAt::Every).await.expect("the kit runs");
+        assert_passed(
+            &report,
+            &[
+                CrashPoint::BeforeCall,
+                CrashPoint::AfterCall,
+                CrashPoint::AfterRecord,
+                CrashPoint::CheckpointSave,
+                CrashPoint::CheckpointSaved,
+                CrashPoint::TornWrite,
+            ],
+        );
+    }
+}
+
+/// The test guest making two calls per input to `charge`, declared `in-doubt = policy`,
+/// answered by a script.
+fn charging(policy: &str, marker: &str, work: &str) -> Kit {
+    let dir = workspace_root()
+        .join("target")
+        .join("kit")
+        .join(format!("{work}-agent"));
+    std::fs::create_dir_all(&dir).expect("agent dir");
+    let agent = dir.join("agent.toml");
+    std::fs::write(
+        &agent,
+        format!(
+            "name = \"charging\"\n\n[state]\nmarker = \"{marker}\"\n\n[[actions]]\nname = \"work\"\ncomponent = {:?}\non = [\"input\"]\n\n[functions.charge]\nkind = \"http\"\nurl = \"http://127.0.0.1:9/charge\"\nin-doubt = \"{policy}\"\nreconcile-url = \"http://127.0.0.1:9/charge/status\"\n",
+            guest("caller").display().to_string()
+        ),
+    )
+    .expect("agent.toml");
+    let input = dir.join("inputs.jsonl");
+    let lines: Vec<String> = (0..6)
+        .map(|i| {
+            json!({ "key": format!("k{}", i % 3), "payload": { "calls": [
+                { "function": "charge", "args": { "i": i, "part": 1 } },
+                { "function": "charge", "args": { "i": i, "part": 2 } },
+            ] } })
+            .to_string()
+        })
+        .collect();
+    std::fs::write(&input, lines.join("\n")).expect("inputs");
+    let mut kit = kit(agent, input, work);
+    kit.scripts = vec![Script {
+        function: "charge".to_owned(),
+        args: None,
+        result: json!({ "charged": true }),
+    }];
+    kit
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_reconcile_no_call_is_made_twice_and_calls_in_doubt_are_asked_about() {
+    let report = charging("reconcile", "refresh", "reconcile")
+        .run(&CrashAt::Every)
+        .await
+        .expect("the kit runs");
+    assert_passed(
+        &report,
+        &[
+            CrashPoint::AfterCall,
+            CrashPoint::CheckpointRefresh,
+            CrashPoint::TornWrite,
+        ],
+    );
+    let (mut repeated, mut reconciled) = (0, 0);
+    for case in &report.cases {
+        if let Outcome::Recovered {
+            repeated: r,
+            reconciled: a,
+        } = case.outcome
+        {
+            repeated += r;
+            reconciled += a;
+        }
+    }
+    assert_eq!(repeated, 0, "{}", report.table());
+    assert!(
+        reconciled >= 12,
+        "every after-call crash asked: {}",
+        report.table()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_fail_a_crash_after_a_call_stops_the_run_naming_it() {
+    // Under `offsets`, every point is reached as often on every run.
+    let kit = charging("fail", "offsets", "fail");
+    let report = kit
+        .run(&CrashAt::Random { seed: 7, runs: 6 })
+        .await
+        .expect("the kit runs");
+    assert_passed(&report, &[]);
+    let again = kit
+        .run(&CrashAt::Random { seed: 7, runs: 6 })
+        .await
+        .expect("the kit runs");
+    let picked = |r: &Report| r.cases.iter().map(|c| c.crash).collect::<Vec<_>>();
+    assert_eq!(
+        picked(&report),
+        picked(&again),
+        "the same seed, the same crash points"
+    );
+
+    let after_call = kit
+        .run(&CrashAt::One(
+            "after-call:3".parse().expect("a crash point"),
+        ))
+        .await
+        .expect("the kit runs");
+    assert_eq!(after_call.cases.len(), 1);
+    assert_eq!(
+        after_call.cases[0].outcome,
+        Outcome::Refused,
+        "{}",
+        after_call.table()
+    );
+}
