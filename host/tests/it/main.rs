@@ -8,6 +8,7 @@ mod functions;
 mod in_doubt;
 mod kill;
 mod kit;
+mod model;
 mod recovery;
 mod sandbox;
 mod store;
