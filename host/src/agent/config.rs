@@ -48,6 +48,8 @@ pub struct StateConfig {
     pub checkpoint_every_inputs: u64,
     /// Checkpoints kept; retention keeps the log data the oldest of them needs. Default 3.
     pub keep_checkpoints: usize,
+    /// States a `refresh` checkpoint re-appends at a time. Default 4096.
+    pub refresh_batch: usize,
 }
 
 impl Default for StateConfig {
@@ -58,6 +60,7 @@ impl Default for StateConfig {
             checkpoint_every_ms: 1000,
             checkpoint_every_inputs: 1000,
             keep_checkpoints: 3,
+            refresh_batch: crate::store::DEFAULT_REFRESH_BATCH,
         }
     }
 }
@@ -181,10 +184,13 @@ impl AgentConfig {
         if self.name.trim().is_empty() {
             return Err("`name` is empty".to_owned());
         }
-        if self.state.partitions == 0 || self.state.keep_checkpoints == 0 {
-            return Err(
-                "`state.partitions` and `state.keep-checkpoints` must be at least 1".to_owned(),
-            );
+        if self.state.partitions == 0
+            || self.state.keep_checkpoints == 0
+            || self.state.refresh_batch == 0
+        {
+            return Err("`state.partitions`, `state.keep-checkpoints` and \
+                 `state.refresh-batch` must be at least 1"
+                .to_owned());
         }
         if self.parallelism == 0 {
             return Err("`parallelism` must be at least 1".to_owned());
@@ -344,6 +350,19 @@ on = ["input"]
                 .contains("`model` does not apply to kind `http`"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn a_zero_state_setting_is_named() {
+        for key in ["partitions", "keep-checkpoints", "refresh-batch"] {
+            let err = parse(&format!("{MINIMAL}\n[state]\n{key} = 0\n")).expect_err("zero");
+            assert!(
+                err.to_string().contains("must be at least 1"),
+                "{key}: {err}"
+            );
+        }
+        let file = parse(&format!("{MINIMAL}\n[state]\nrefresh-batch = 16\n")).expect("valid");
+        assert_eq!(file.config.state.refresh_batch, 16);
     }
 
     #[test]

@@ -7,9 +7,10 @@ use std::process::ExitCode;
 use anyhow::bail;
 use rewind_host::store::{ActionState, CallOutcome};
 
+use rewind_host::agent::StateConfig;
 use rewind_host::checkpoint::CheckpointStore;
 use rewind_host::log::{FileLog, Recovery};
-use rewind_host::store::{ActionStateStore, MarkerStrategy};
+use rewind_host::store::ActionStateStore;
 
 use super::state;
 
@@ -35,10 +36,13 @@ pub async fn inspect(args: InspectArgs) -> anyhow::Result<ExitCode> {
         );
     };
     // Strict: inspecting cuts nothing, even if the run that wrote it is still going.
+    let config = StateConfig {
+        partitions,
+        ..StateConfig::default()
+    };
     let recovered = state::recover(
         &args.state,
-        partitions,
-        MarkerStrategy::Offsets,
+        &config,
         Recovery::Strict,
         state::Load::WholeLog,
     )

@@ -52,8 +52,7 @@ pub async fn run(args: RunArgs, sandbox: Sandbox) -> anyhow::Result<ExitCode> {
     let agent_name = file.config.name.clone();
     let recovered = state::recover(
         &args.state,
-        config.partitions,
-        config.marker,
+        &config,
         Recovery::TruncateTornTail,
         state::Load::Recovery { agent: &agent_name },
     )

@@ -5,9 +5,10 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 use rewind_host::agent::DEFAULT_TENANT;
+use rewind_host::agent::StateConfig;
 use rewind_host::checkpoint::{Checkpoint, CheckpointStore, FileCheckpoints};
 use rewind_host::log::{FileLog, FileLogOptions, Log, Recovery};
-use rewind_host::store::{ActionStateStore, KeyScope, LogStore, Marker, MarkerStrategy};
+use rewind_host::store::{ActionStateStore, KeyScope, LogStore, Marker};
 
 /// What recovery found in a state directory.
 pub struct Recovered {
@@ -39,11 +40,11 @@ pub enum Load<'a> {
 /// Opens the state directory (creating it when new) and loads the store as `load` says.
 pub async fn recover(
     state: &Path,
-    partitions: u32,
-    strategy: MarkerStrategy,
+    config: &StateConfig,
     recovery: Recovery,
     load: Load<'_>,
 ) -> anyhow::Result<Recovered> {
+    let (partitions, strategy) = (config.partitions, config.marker);
     let dir = log_dir(state);
     let options = FileLogOptions {
         partitions,
@@ -84,7 +85,9 @@ pub async fn recover(
             Marker { offsets }
         }
     };
-    let store = Arc::new(LogStore::new(Arc::clone(&log), strategy));
+    let store = Arc::new(
+        LogStore::new(Arc::clone(&log), strategy).with_refresh_batch(config.refresh_batch),
+    );
     store
         .rebuild(&marker)
         .await

@@ -17,8 +17,8 @@ use crate::log::{Log, LogError, Offset};
 /// Records read from the log at a time during a rebuild.
 const REBUILD_BATCH: usize = 1024;
 
-/// States re-appended at a time by a `refresh` checkpoint.
-const REFRESH_BATCH: usize = 4096;
+/// States re-appended at a time by a `refresh` checkpoint, unless set otherwise.
+pub const DEFAULT_REFRESH_BATCH: usize = 4096;
 
 /// How a checkpoint's marker keeps every cached state reachable (DESIGN.md).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -159,6 +159,8 @@ pub struct LogStore {
     strategy: MarkerStrategy,
     cache: Mutex<Cache>,
     next_version: AtomicU64,
+    /// States a refresh re-appends at a time.
+    refresh_batch: usize,
     /// Per partition, an offset at or below which no later write can land: above every
     /// write this store has had acknowledged, and every end offset it has read.
     acknowledged: Vec<AtomicU64>,
@@ -178,7 +180,15 @@ impl LogStore {
             log,
             strategy,
             next_version: AtomicU64::new(1),
+            refresh_batch: DEFAULT_REFRESH_BATCH,
         }
+    }
+
+    /// Re-appends `states` at a time at a `refresh` checkpoint (at least one): each batch is
+    /// made durable before the next is sent.
+    pub fn with_refresh_batch(mut self, states: usize) -> Self {
+        self.refresh_batch = states.max(1);
+        self
     }
 
     pub fn strategy(&self) -> MarkerStrategy {
@@ -238,7 +248,7 @@ impl LogStore {
         // cache does not change: its entries already hold these versions. Encoded and
         // appended in batches, so that a large cache is not held encoded all at once; group
         // commit makes each batch durable together.
-        for batch in states.chunks(REFRESH_BATCH) {
+        for batch in states.chunks(self.refresh_batch) {
             let batch = batch
                 .iter()
                 .map(|(partition, state)| Ok((*partition, encode(state)?)))

@@ -14,7 +14,7 @@ mod state;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
-pub use log::{LogStore, MarkerStrategy};
+pub use log::{DEFAULT_REFRESH_BATCH, LogStore, MarkerStrategy};
 pub use memory::InMemoryStore;
 pub use state::{
     ActionState, CallOutcome, CallRecord, Completion, Digest, KeyScope, MemoryWrite, StateKey,

@@ -53,6 +53,8 @@ pub fn rewrite(
         // No checkpoints on a timer: how often each point is reached should not depend on
         // how fast the machine is.
         state.insert("checkpoint-every-ms".to_owned(), Value::Integer(86_400_000));
+        // One state per refresh append, so that a crash lands after k of n of them.
+        state.insert("refresh-batch".to_owned(), Value::Integer(1));
     }
     let mut upstreams = BTreeMap::new();
     let mut in_doubt = BTreeMap::new();
