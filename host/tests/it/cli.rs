@@ -326,3 +326,60 @@ async fn openai_chat_sends_the_api_key_from_the_environment_and_inspect_shows_th
         "the recorded result is shown: {shown}"
     );
 }
+
+#[test]
+fn test_runs_one_crash_with_scripted_answers_and_prints_the_table() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let agent = caller_agent(
+        dir.path(),
+        "[functions.charge]\nkind = \"http\"\nurl = \"http://127.0.0.1:9/charge\"\nin-doubt = \"reconcile\"\nreconcile-url = \"http://127.0.0.1:9/charge/status\"\n",
+    );
+    let input = write(
+        dir.path(),
+        "in.jsonl",
+        "{\"key\":\"a\",\"payload\":{\"calls\":[{\"function\":\"charge\",\"args\":{\"n\":1}}]}}\n{\"key\":\"b\",\"payload\":{\"calls\":[{\"function\":\"charge\",\"args\":{\"n\":2}}]}}\n",
+    );
+    let responses = write(
+        dir.path(),
+        "answers.jsonl",
+        "{\"function\":\"charge\",\"result\":{\"charged\":true}}\n",
+    );
+    let out = rewind(dir.path())
+        .arg("test")
+        .arg(&agent)
+        .arg("--input")
+        .arg(&input)
+        .arg("--responses")
+        .arg(&responses)
+        .arg("--crash-at")
+        .arg("after-call:2")
+        .arg("--work")
+        .arg(dir.path().join("work"))
+        .output()
+        .expect("rewind runs");
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
+    let row = stdout
+        .lines()
+        .find(|l| l.starts_with("after-call"))
+        .unwrap_or_else(|| panic!("a row for after-call: {stdout}"));
+    // cases, recovered, repeated, reconciled, refused, not reached, failed
+    let figures: Vec<&str> = row.split_whitespace().skip(1).collect();
+    assert_eq!(figures, ["1", "1", "0", "1", "0", "0", "0"], "{stdout}");
+
+    let out = rewind(dir.path())
+        .arg("test")
+        .arg(&agent)
+        .arg("--input")
+        .arg(&input)
+        .arg("--crash-at")
+        .arg("after-cal:2")
+        .output()
+        .expect("rewind runs");
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("no crash point is named `after-cal`"),
+        "{}",
+        text(&out.stderr)
+    );
+}

@@ -284,3 +284,82 @@ fn reconcile_without_a_way_to_ask_is_refused_when_the_agent_loads() {
         .to_string();
     assert!(error.contains("`reconcile-url` does not apply"), "{error}");
 }
+
+/// A custom function that reconciles: it remembers what it did, by idempotency key.
+#[derive(Debug, Default)]
+struct Ledger {
+    done: Mutex<BTreeMap<String, String>>,
+    calls: AtomicU64,
+    /// The next call does its work and then reports the remote unreachable.
+    lose_next: AtomicU64,
+}
+
+#[async_trait::async_trait]
+impl rewind_host::functions::Function for Ledger {
+    async fn call(
+        &self,
+        request: rewind_host::functions::CallRequest<'_>,
+    ) -> Result<String, rewind_host::functions::FunctionError> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        let args: Value = serde_json::from_str(request.args).unwrap_or_default();
+        let result = json!({ "entry": args }).to_string();
+        self.done
+            .lock()
+            .expect("lock")
+            .insert(request.idempotency_key.to_owned(), result.clone());
+        if self.lose_next.swap(0, Ordering::SeqCst) == 1 {
+            return Err(rewind_host::functions::FunctionError::Unavailable(
+                "the answer was lost".to_owned(),
+            ));
+        }
+        Ok(result)
+    }
+
+    fn can_reconcile(&self) -> bool {
+        true
+    }
+
+    async fn reconcile(
+        &self,
+        request: rewind_host::functions::CallRequest<'_>,
+    ) -> Result<rewind_host::functions::Reconciled, rewind_host::functions::FunctionError> {
+        Ok(
+            match self.done.lock().expect("lock").get(request.idempotency_key) {
+                Some(result) => rewind_host::functions::Reconciled::Succeeded(result.clone()),
+                None => rewind_host::functions::Reconciled::NotRun,
+            },
+        )
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_custom_function_reconciles_through_its_own_handler() {
+    let ledger = Arc::new(Ledger {
+        lose_next: AtomicU64::new(1),
+        ..Ledger::default()
+    });
+    let toml = agent_toml(
+        "caller",
+        "",
+        "[functions.ledger]\nkind = \"custom\"\nin-doubt = \"reconcile\"\n",
+    );
+    let store = Arc::new(InMemoryStore::default());
+    let agent = agent_with(&toml, store.clone(), &[("ledger", ledger.clone())]);
+    let line = input(
+        "ana",
+        1,
+        json!({ "calls": [{ "function": "ledger", "args": { "amount": 5 } }] }),
+    );
+    assert!(
+        agent.process(&line).await.error.is_some(),
+        "the answer was lost"
+    );
+    let again = agent.process(&line).await;
+    assert!(again.error.is_none(), "{:?}", again.error);
+    assert_eq!(ledger.calls.load(Ordering::SeqCst), 1, "not called again");
+    assert_eq!(again.calls.reconciled, 1);
+    assert_eq!(
+        first_output(&again)["results"][0]["ok"],
+        json!({ "entry": { "amount": 5 } })
+    );
+}
