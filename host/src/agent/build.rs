@@ -20,11 +20,11 @@ const DEFAULT_CHAT_TIMEOUT_MS: u64 = 60_000;
 /// Why an agent could not be loaded.
 #[derive(Debug, thiserror::Error)]
 pub enum BuildError {
-    #[error("{agent}: action `{action}`: {source}")]
+    #[error("{agent}: action `{action}`: {error}")]
     Component {
         agent: String,
         action: String,
-        source: sandbox::LoadError,
+        error: sandbox::LoadError,
     },
     #[error("{agent}: function `{function}`: {message}")]
     Function {
@@ -120,10 +120,10 @@ impl AgentBuilder {
             let component =
                 self.sandbox
                     .load_file(&path)
-                    .map_err(|source| BuildError::Component {
+                    .map_err(|error| BuildError::Component {
                         agent: agent.clone(),
                         action: action.name.clone(),
-                        source,
+                        error,
                     })?;
             actions.push(Action {
                 name: action.name.clone(),

@@ -26,10 +26,11 @@ use run::RunState;
 /// Why a component could not be loaded.
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
-    #[error("cannot read component {path}: {source}")]
+    // The cause is in the message, not chained as a source: `{:#}` would print it again.
+    #[error("cannot read component {path}: {error}")]
     Read {
         path: PathBuf,
-        source: std::io::Error,
+        error: std::io::Error,
     },
     #[error(
         "{origin} is a core WebAssembly module, not a component; build it for wasm32-wasip2 (or wrap it with `wasm-tools component new`)"
@@ -158,9 +159,9 @@ impl Sandbox {
     /// Loads the component at `path`: read, compiled (or taken from the cache), checked
     /// against the world, and pre-instantiated.
     pub fn load_file(&self, path: &Path) -> Result<ActionComponent, LoadError> {
-        let wasm = std::fs::read(path).map_err(|source| LoadError::Read {
+        let wasm = std::fs::read(path).map_err(|error| LoadError::Read {
             path: path.to_owned(),
-            source,
+            error,
         })?;
         self.load(&path.display().to_string(), &wasm)
     }

@@ -102,6 +102,11 @@ fn a_missing_component_is_named() {
         stderr.contains("action `gone`") && stderr.contains("nowhere/gone.wasm"),
         "{stderr}"
     );
+    assert_eq!(
+        stderr.matches("No such file").count(),
+        1,
+        "the cause is said once: {stderr}"
+    );
 }
 
 #[test]
