@@ -33,7 +33,7 @@ fn main() -> std::process::ExitCode {
     let code = match runtime.block_on(cli::main(args)) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", describe(&e));
             std::process::ExitCode::FAILURE
         }
     };
@@ -47,4 +47,18 @@ fn main() -> std::process::ExitCode {
         }
     }
     code
+}
+
+/// The error and its causes, each said once: many errors here already print their cause in
+/// their own message.
+fn describe(error: &anyhow::Error) -> String {
+    let mut message = error.to_string();
+    for cause in error.chain().skip(1) {
+        let text = cause.to_string();
+        if !message.contains(&text) {
+            message.push_str(": ");
+            message.push_str(&text);
+        }
+    }
+    message
 }

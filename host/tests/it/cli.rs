@@ -388,3 +388,14 @@ fn test_runs_one_crash_with_scripted_answers_and_prints_the_table() {
         text(&out.stderr)
     );
 }
+
+#[test]
+fn a_missing_agent_file_is_named_and_its_cause_said_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let input = write(dir.path(), "in.jsonl", "");
+    let out = run(dir.path(), &dir.path().join("absent.toml"), &input);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr.contains("absent.toml"), "{stderr}");
+    assert_eq!(stderr.matches("No such file").count(), 1, "{stderr}");
+}
