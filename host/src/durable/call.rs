@@ -275,23 +275,13 @@ impl DurableCalls {
                 idempotency_key: request.idempotency_key.to_owned(),
             }),
             InDoubtPolicy::Reconcile => {
-                let (outcome, answer) = match handler.reconcile(request).await {
+                let answer = match handler.reconcile(request).await {
                     Ok(Reconciled::NotRun) => return Ok(None),
-                    Ok(Reconciled::Succeeded(value)) => {
-                        (CallOutcome::Succeeded(value.clone()), Ok(value))
-                    }
-                    Ok(Reconciled::Failed(error)) | Err(FunctionError::Failed(error)) => (
-                        CallOutcome::Failed(error.clone()),
-                        Err(CallError::Failed(error)),
-                    ),
-                    Err(FunctionError::Unavailable(message)) => {
-                        return Err(Fault::Unavailable {
-                            function: request.function.to_owned(),
-                            idempotency_key: request.idempotency_key.to_owned(),
-                            message: format!("reconciling a call in doubt: {message}"),
-                        });
-                    }
+                    Ok(Reconciled::Succeeded(value)) => Ok(value),
+                    Ok(Reconciled::Failed(error)) => Err(FunctionError::Failed(error)),
+                    Err(error) => Err(error),
                 };
+                let (outcome, answer) = answered(answer, request, "reconciling a call in doubt: ")?;
                 let digest = self.state.calls[index].args_digest;
                 self.record(index, request, digest, outcome).await?;
                 self.stats.reconciled += 1;
@@ -309,20 +299,7 @@ impl DurableCalls {
         request: CallRequest<'_>,
     ) -> Result<Result<String, CallError>, Fault> {
         crash::reached(CrashPoint::BeforeCall);
-        let (outcome, result) = match handler.call(request).await {
-            Ok(value) => (CallOutcome::Succeeded(value.clone()), Ok(value)),
-            Err(FunctionError::Failed(error)) => (
-                CallOutcome::Failed(error.clone()),
-                Err(CallError::Failed(error)),
-            ),
-            Err(FunctionError::Unavailable(message)) => {
-                return Err(Fault::Unavailable {
-                    function: request.function.to_owned(),
-                    idempotency_key: request.idempotency_key.to_owned(),
-                    message,
-                });
-            }
-        };
+        let (outcome, result) = answered(handler.call(request).await, request, "")?;
         crash::reached(CrashPoint::AfterCall);
         self.record(index, request, digest, outcome).await?;
         crash::reached(CrashPoint::AfterRecord);
@@ -407,5 +384,26 @@ impl DurableCalls {
         self.state.completion = Some(completion);
         self.write().await?;
         Ok(self.state)
+    }
+}
+
+/// A function's answer as the record to write and what the guest gets. `Unavailable` (said
+/// after `context`) ends the run with nothing recorded.
+fn answered(
+    answer: Result<String, FunctionError>,
+    request: CallRequest<'_>,
+    context: &str,
+) -> Result<(CallOutcome, Result<String, CallError>), Fault> {
+    match answer {
+        Ok(value) => Ok((CallOutcome::Succeeded(value.clone()), Ok(value))),
+        Err(FunctionError::Failed(error)) => Ok((
+            CallOutcome::Failed(error.clone()),
+            Err(CallError::Failed(error)),
+        )),
+        Err(FunctionError::Unavailable(message)) => Err(Fault::Unavailable {
+            function: request.function.to_owned(),
+            idempotency_key: request.idempotency_key.to_owned(),
+            message: format!("{context}{message}"),
+        }),
     }
 }
