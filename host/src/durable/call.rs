@@ -220,6 +220,30 @@ impl DurableCalls {
         let handler = Arc::clone(&declared.handler);
 
         let index = self.next;
+        let mut pending = false;
+        if let Some(record) = self.state.calls.get(index) {
+            if record.function == function && record.args_digest == digest {
+                let served = match &record.outcome {
+                    CallOutcome::Succeeded(result) => Some(Ok(result.clone())),
+                    CallOutcome::Failed(error) => Some(Err(CallError::Failed(error.clone()))),
+                    // In doubt: the call may or may not have run.
+                    CallOutcome::Pending => None,
+                };
+                match served {
+                    Some(served) => {
+                        self.next += 1;
+                        self.stats.replayed += 1;
+                        return Ok(served);
+                    }
+                    None => pending = true,
+                }
+            } else {
+                self.diverge(index, record.clone(), function, digest)
+                    .await?;
+            }
+        }
+
+        // Not served from a record: the call is (or was) made, under its idempotency key.
         let key = idempotency_key(&self.state.key, index);
         let request = CallRequest {
             function,
@@ -227,29 +251,12 @@ impl DurableCalls {
             idempotency_key: &key,
         };
         let in_doubt = self.policy.in_doubt_for(function);
-        if let Some(record) = self.state.calls.get(index) {
-            if record.function == function && record.args_digest == digest {
-                let served = match &record.outcome {
-                    CallOutcome::Succeeded(result) => Ok(result.clone()),
-                    CallOutcome::Failed(error) => Err(CallError::Failed(error.clone())),
-                    CallOutcome::Pending => {
-                        return match self.in_doubt(in_doubt, &*handler, index, request).await? {
-                            Some(answer) => {
-                                self.next += 1;
-                                Ok(answer)
-                            }
-                            None => self.run(&*handler, index, digest, request).await,
-                        };
-                    }
-                };
+        if pending {
+            if let Some(answer) = self.in_doubt(in_doubt, &*handler, index, request).await? {
                 self.next += 1;
-                self.stats.replayed += 1;
-                return Ok(served);
+                return Ok(answer);
             }
-            self.diverge(index, record.clone(), function, digest)
-                .await?;
-        }
-        if in_doubt != InDoubtPolicy::Retry {
+        } else if in_doubt != InDoubtPolicy::Retry {
             // The pending record is durable before the call can have any effect.
             self.record(index, request, digest, CallOutcome::Pending)
                 .await?;
