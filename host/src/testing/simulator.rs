@@ -54,9 +54,9 @@ pub fn read_scripts(path: &std::path::Path) -> anyhow::Result<Vec<Script>> {
 
 /// What one idempotency key of one function saw.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct KeyCount {
+struct KeyCount {
     /// Requests that carried the key.
-    pub requests: u64,
+    requests: u64,
     /// The answer its first request got, when it took effect (not 5xx).
     answer: Option<(u16, String)>,
 }
