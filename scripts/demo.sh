@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The demo: builds what it needs, starts the mock service on loopback, runs the support
 # agent over its sample inputs, runs the same command again (it resumes from its checkpoint),
-# and shows that each call reached the service once.
+# runs the polyglot agent (Rust, Python and JavaScript actions in one pipeline), and shows
+# that each call reached the service once.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -34,6 +35,14 @@ echo "outputs: $(wc -l < "$state/outputs.jsonl") lines, one per ticket"
 echo
 echo "== what was recorded for one customer"
 target/debug/rewind inspect --state "$state" --key cust-ana
+echo
+echo "== one agent, three languages: intake (Rust) -> classify (Python) -> resolve (JavaScript)"
+target/debug/rewind run examples/polyglot/agent.toml --input examples/polyglot/inputs.jsonl \
+    --state "$state/polyglot" --output "$state/polyglot/outputs.jsonl"
+cat "$state/polyglot/outputs.jsonl"
+echo
+echo "== what one customer's actions recorded: calls, clock readings, randomness"
+target/debug/rewind inspect --state "$state/polyglot" --key cust-ben
 echo
 echo "== calls the mock service received, per idempotency key (each should be 1)"
 kill -TERM "$mock"

@@ -1,4 +1,5 @@
-//! Start + run of a trivial action, and durable calls served from a record or made live.
+//! Start + run of a trivial action in Rust, Python and JavaScript, loading a component from
+//! the on-disk cache, and durable calls served from a record or made live.
 //!
 //! `cargo bench -p rewind-host --bench durable`; results and targets in BENCHMARKS.md.
 use std::path::Path;
@@ -22,13 +23,34 @@ fn root() -> &'static Path {
         .expect("workspace root")
 }
 
-fn noop_component() -> std::path::PathBuf {
-    let status = std::process::Command::new("bash")
-        .arg(root().join("scripts/guests.sh"))
-        .status()
-        .expect("scripts/guests.sh runs");
-    assert!(status.success(), "building the guests failed");
-    root().join("target/guests/wasm32-wasip2/release/guest_noop.wasm")
+/// The component of guest `name`, building every guest first (once).
+fn guest(name: &str) -> std::path::PathBuf {
+    static BUILT: std::sync::Once = std::sync::Once::new();
+    BUILT.call_once(|| {
+        let status = std::process::Command::new("bash")
+            .arg(root().join("scripts/guests.sh"))
+            .status()
+            .expect("scripts/guests.sh runs");
+        assert!(status.success(), "building the guests failed");
+    });
+    root().join(format!(
+        "target/guests/wasm32-wasip2/release/guest_{name}.wasm"
+    ))
+}
+
+/// A trivial action per language: the Rust noop guest, and the caller's Python and
+/// JavaScript twins with a script that does nothing.
+const TRIVIAL: [(&str, &str, &str); 3] = [
+    ("rust", "noop", "{}"),
+    ("python", "caller_py", r#"{"output":false}"#),
+    ("javascript", "caller_js", r#"{"output":false}"#),
+];
+
+fn new_sandbox() -> Sandbox {
+    Sandbox::builder()
+        .cache_dir(Some(root().join("target/rewind-bench-cache")))
+        .build()
+        .expect("sandbox")
 }
 
 fn key(sequence: u64) -> StateKey {
@@ -48,33 +70,54 @@ fn benches(c: &mut Criterion) {
     let store: Arc<dyn ActionStateStore> = Arc::new(InMemoryStore::default());
     let functions = noop_functions();
 
-    let sandbox = Sandbox::builder()
-        .cache_dir(Some(root().join("target/rewind-bench-cache")))
-        .build()
-        .expect("sandbox");
-    let component = sandbox.load_file(&noop_component()).expect("noop loads");
-    c.bench_function("action/start_and_run_trivial", |b| {
-        b.to_async(&runtime).iter(|| async {
-            let input = RunInput {
-                labels: RunLabels {
-                    agent: "bench".to_owned(),
-                    key: "key".to_owned(),
-                    sequence: 1,
-                    action: "act".to_owned(),
-                },
-                event: Event::new("input", "{}"),
-                memory: Arc::default(),
-                durable: calls(
-                    &store,
-                    &functions,
-                    ActionState::new(key(1), Event::new("input", "{}")),
-                ),
-                limits: Limits::default(),
-            };
-            let output = sandbox.run(&component, input).await;
-            assert!(output.result.is_ok());
+    let sandbox = new_sandbox();
+    for (language, name, payload) in TRIVIAL {
+        let component = sandbox.load_file(&guest(name)).expect("the guest loads");
+        c.bench_function(&format!("action/start_and_run_trivial/{language}"), |b| {
+            b.to_async(&runtime).iter(|| async {
+                let input = RunInput {
+                    labels: RunLabels {
+                        agent: "bench".to_owned(),
+                        key: "key".to_owned(),
+                        sequence: 1,
+                        action: "act".to_owned(),
+                    },
+                    event: Event::new("input", payload),
+                    memory: Arc::default(),
+                    durable: calls(
+                        &store,
+                        &functions,
+                        ActionState::new(key(1), Event::new("input", payload)),
+                    ),
+                    limits: Limits::default(),
+                };
+                let output = sandbox.run(&component, input).await;
+                assert!(output.result.is_ok(), "{:?}", output.result);
+            });
         });
-    });
+    }
+
+    // A load as a new `rewind` process makes it: a new sandbox, the component read, hashed,
+    // taken from the disk cache (filled by the loads above), checked and pre-instantiated.
+    let mut group = c.benchmark_group("sandbox/load_cached");
+    group.sample_size(10);
+    for (language, name, _) in TRIVIAL {
+        let path = guest(name);
+        group.bench_function(language, |b| {
+            b.iter_custom(|iters| {
+                let mut total = Duration::ZERO;
+                for _ in 0..iters {
+                    let fresh = new_sandbox();
+                    let started = Instant::now();
+                    let loaded = fresh.load_file(&path).expect("the guest loads");
+                    total += started.elapsed();
+                    drop(loaded);
+                }
+                total
+            });
+        });
+    }
+    group.finish();
 
     c.bench_function("durable/call_served_from_record", |b| {
         b.to_async(&runtime).iter_custom(|iters| {

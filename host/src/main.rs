@@ -16,6 +16,15 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     }
+    // A test hook: clocks and random sources deterministic (see `rewind_host::durable`).
+    match rewind_host::durable::seed_from_env() {
+        Ok(Some(seeded)) => tracing::warn!("clocks and random sources seeded: {seeded}"),
+        Ok(None) => {}
+        Err(e) => {
+            eprintln!("error: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

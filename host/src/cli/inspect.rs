@@ -117,6 +117,19 @@ pub async fn inspect(args: InspectArgs) -> anyhow::Result<ExitCode> {
                     call.idempotency_key
                 );
             }
+            let ambient = &state.ambient;
+            if !ambient.is_empty() {
+                println!(
+                    "    read: {} wall-clock and {} monotonic-clock readings{}",
+                    ambient.wall.len(),
+                    ambient.monotonic.len(),
+                    if ambient.random_key.is_some() {
+                        ", randomness (its key recorded)"
+                    } else {
+                        ""
+                    }
+                );
+            }
             if let Some(completion) = &state.completion {
                 for event in &completion.sent {
                     println!("    sent {}: {}", event.kind, shorten(&event.payload));

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
+use super::ambient::AmbientSource;
 use super::digest::{args_digest, idempotency_key};
 use crate::crash::{self, CrashPoint};
 use crate::functions::{CallRequest, Function, FunctionError, Functions, Reconciled};
@@ -149,6 +150,8 @@ pub struct DurableCalls {
     functions: Arc<Functions>,
     policy: Arc<CallPolicy>,
     state: ActionState,
+    /// The run's clocks and random sources, recorded in `state` at each write.
+    ambient: AmbientSource,
     /// Index of the next recorded call.
     next: usize,
     /// Calls made so far, counted against `calls_per_run`.
@@ -162,21 +165,29 @@ impl DurableCalls {
         store: Arc<dyn ActionStateStore>,
         functions: Arc<Functions>,
         policy: Arc<CallPolicy>,
-        state: ActionState,
+        mut state: ActionState,
     ) -> Self {
+        let ambient = AmbientSource::new(&state.key, std::mem::take(&mut state.ambient));
         Self {
             store,
             functions,
             policy,
             state,
+            ambient,
             next: 0,
             made: 0,
             stats: CallStats::default(),
         }
     }
 
+    /// The state as last written (its `ambient` is filled in at each write).
     pub fn state(&self) -> &ActionState {
         &self.state
+    }
+
+    /// The run's WASI clocks and random sources.
+    pub fn ambient(&self) -> &AmbientSource {
+        &self.ambient
     }
 
     pub fn stats(&self) -> CallStats {
@@ -305,6 +316,11 @@ impl DurableCalls {
         digest: Digest,
         request: CallRequest<'_>,
     ) -> Result<Result<String, CallError>, Fault> {
+        if self.ambient.unwritten() {
+            // The args may hold a clock reading or random bytes: a replay must see them
+            // again before it makes this call again.
+            self.write().await?;
+        }
         crash::reached(CrashPoint::BeforeCall);
         let (outcome, result) = answered(handler.call(request).await, request, "")?;
         crash::reached(CrashPoint::AfterCall);
@@ -335,9 +351,11 @@ impl DurableCalls {
 
     /// Writes the state as it is now; the guest sees nothing of it until this returns.
     async fn write(&mut self) -> Result<(), Fault> {
+        self.state.ambient = self.ambient.values();
         match self.store.put(&self.state).await {
             Ok(version) => {
                 self.state.version = version;
+                self.ambient.written();
                 Ok(())
             }
             Err(source) => Err(Fault::Store {
@@ -388,6 +406,7 @@ impl DurableCalls {
     pub async fn complete(mut self, completion: Completion) -> Result<ActionState, Fault> {
         // Records past the last call this run made belong to an older version of the run.
         self.state.calls.truncate(self.next);
+        self.ambient.keep_read();
         self.state.completion = Some(completion);
         self.write().await?;
         Ok(self.state)

@@ -18,16 +18,21 @@ fn canonical_json(json: &str) -> Result<String, serde_json::Error> {
 /// The idempotency key of the call at `index` of the state at `key`: the same on every
 /// replay, different for every other call.
 pub fn idempotency_key(key: &StateKey, index: usize) -> String {
-    let digest = Digest::of(&[
+    let digest = state_digest(key, &(index as u64).to_le_bytes());
+    format!("rw-{}", hex::encode(&digest.0[..16]))
+}
+
+/// The digest of every field of `key`, then `tail`.
+pub(crate) fn state_digest(key: &StateKey, tail: &[u8]) -> Digest {
+    Digest::of(&[
         key.scope.tenant.as_bytes(),
         key.scope.agent.as_bytes(),
         key.scope.key.as_bytes(),
         &key.sequence.to_le_bytes(),
         key.action.as_bytes(),
         &key.trigger.0,
-        &(index as u64).to_le_bytes(),
-    ]);
-    format!("rw-{}", hex::encode(&digest.0[..16]))
+        tail,
+    ])
 }
 
 /// The trigger digest of an input's own event, whose payload is `payload` (JSON text).

@@ -3,8 +3,11 @@
 //!
 //! DESIGN.md, "The durable call", is the contract this module implements.
 
+mod ambient;
 mod call;
 pub mod digest;
+
+pub use ambient::{AmbientSource, SEED_ENV, Seeded, seed, seed_from_env};
 
 pub use call::{
     CallError, CallPolicy, CallStats, DivergencePolicy, DurableCalls, Fault, InDoubtPolicy,

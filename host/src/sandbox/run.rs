@@ -109,7 +109,7 @@ pub(super) async fn run(engine: &Engine, pre: &ActionPre<RunState>, input: RunIn
     let mut store = Store::new(
         engine,
         RunState {
-            wasi: GuestWasi::new(),
+            wasi: GuestWasi::new(durable.ambient()),
             ceiling: MemoryCeiling::new(limits.memory_bytes()),
             labels,
             durable,

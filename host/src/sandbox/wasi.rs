@@ -1,14 +1,20 @@
 //! The WASI a guest sees: an empty context. No files, no environment, no arguments, no
-//! sockets, stdin closed; stdout and stderr captured and sent to tracing.
+//! sockets, stdin closed; stdout and stderr captured and sent to tracing; clocks and random
+//! sources durable (served from the run's records on replay, `durable::AmbientSource`).
 
+use std::convert::Infallible;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use tokio::io::AsyncWrite;
 use wasmtime::component::ResourceTable;
 use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
+use wasmtime_wasi::clocks::{HostMonotonicClock, HostWallClock};
 use wasmtime_wasi::{WasiCtx, WasiCtxBuilder};
+
+use crate::durable::AmbientSource;
 
 /// Bytes of stdout (and of stderr) kept per run; what a guest writes past that is dropped
 /// (and counted), never an error the guest sees.
@@ -29,7 +35,7 @@ impl std::fmt::Debug for GuestWasi {
 }
 
 impl GuestWasi {
-    pub fn new() -> Self {
+    pub fn new(ambient: &AmbientSource) -> Self {
         let stdout = Capture::default();
         let stderr = Capture::default();
         let ctx = WasiCtxBuilder::new()
@@ -38,6 +44,17 @@ impl GuestWasi {
             .allow_tcp(false)
             .allow_udp(false)
             .allow_ip_name_lookup(false)
+            .wall_clock(Durable(ambient.clone()))
+            .monotonic_clock(Durable(ambient.clone()))
+            .secure_random(Random {
+                source: ambient.clone(),
+                insecure: false,
+            })
+            .insecure_random(Random {
+                source: ambient.clone(),
+                insecure: true,
+            })
+            .insecure_random_seed(ambient.insecure_seed())
             .build();
         Self {
             ctx,
@@ -103,5 +120,65 @@ impl AsyncWrite for Capture {
 
     fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         Poll::Ready(Ok(()))
+    }
+}
+
+/// The run's durable clocks.
+struct Durable(AmbientSource);
+
+/// One of the run's durable random streams: `wasi:random/random`, or `wasi:random/insecure`.
+struct Random {
+    source: AmbientSource,
+    insecure: bool,
+}
+
+impl Random {
+    fn fill(&self, bytes: &mut [u8]) {
+        if self.insecure {
+            self.source.fill_insecure(bytes);
+        } else {
+            self.source.fill_random(bytes);
+        }
+    }
+}
+
+impl HostWallClock for Durable {
+    fn resolution(&self) -> Duration {
+        Duration::from_nanos(1)
+    }
+
+    fn now(&self) -> Duration {
+        self.0.wall_now()
+    }
+}
+
+impl HostMonotonicClock for Durable {
+    fn resolution(&self) -> u64 {
+        1
+    }
+
+    fn now(&self) -> u64 {
+        self.0.monotonic_now()
+    }
+}
+
+impl rand_core::TryRng for Random {
+    type Error = Infallible;
+
+    fn try_next_u32(&mut self) -> Result<u32, Infallible> {
+        let mut bytes = [0u8; 4];
+        self.fill(&mut bytes);
+        Ok(u32::from_le_bytes(bytes))
+    }
+
+    fn try_next_u64(&mut self) -> Result<u64, Infallible> {
+        let mut bytes = [0u8; 8];
+        self.fill(&mut bytes);
+        Ok(u64::from_le_bytes(bytes))
+    }
+
+    fn try_fill_bytes(&mut self, dst: &mut [u8]) -> Result<(), Infallible> {
+        self.fill(dst);
+        Ok(())
     }
 }

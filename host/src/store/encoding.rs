@@ -1,7 +1,7 @@
 //! How an action state is written to the log: a version byte, then the state.
 //!
 //! - Version 1: the state as JSON. Read, no longer written.
-//! - Version 2 (written): binary. Integers little-endian; a string is its length (u32) and
+//! - Version 2: binary, read, no longer written. Integers little-endian; a string is its length (u32) and
 //!   its UTF-8 bytes; a list is its length (u32) and its items; a digest is its 32 bytes.
 //!
 //!   ```text
@@ -10,28 +10,38 @@
 //!   | outcome u8 (0 pending, 1 succeeded, 2 failed) | value, unless pending]
 //!   | completed u8 (0, 1) | if completed: sent [kind, payload] | memory [name, value]
 //!   ```
+//! - Version 3 (written): version 2, then what the run read from its clocks and the key of
+//!   its random streams (`Ambient`): `wall [u64] | monotonic [u64] | key u8 (0, 1) | if 1:
+//!   the key's 32 bytes`.
 //!
 //! A fixture written by each version is kept in `host/tests/fixtures/` and read back by a
 //! test, so later versions prove they still read what earlier ones wrote.
 
 use super::MemoryWrite;
-use super::{ActionState, CallOutcome, CallRecord, Completion, Digest, KeyScope, StateKey};
+use super::{
+    ActionState, Ambient, CallOutcome, CallRecord, Completion, Digest, KeyScope, RandomKey,
+    StateKey,
+};
 use crate::event::Event;
 
 /// The encoding this build writes.
-pub const ENCODING: u8 = 2;
+pub const ENCODING: u8 = 3;
 
 /// Why bytes from the log are not a state.
 #[derive(Debug, thiserror::Error)]
 pub enum DecodeError {
     #[error("empty record")]
     Empty,
-    #[error("state encoding {0} is not one this build reads (it reads 1 and 2)")]
+    #[error("state encoding {0} is not one this build reads (it reads 1, 2 and 3)")]
     UnknownEncoding(u8),
     #[error("encoding 1: {0}")]
     Json(#[from] serde_json::Error),
-    #[error("encoding 2, at byte {at}: {problem}")]
-    Binary { at: usize, problem: String },
+    #[error("encoding {encoding}, at byte {at}: {problem}")]
+    Binary {
+        encoding: u8,
+        at: usize,
+        problem: String,
+    },
 }
 
 /// Why a state cannot be written.
@@ -87,6 +97,22 @@ pub fn encode(state: &ActionState) -> Result<Vec<u8>, EncodeError> {
             }
         }
     }
+    let ambient = &state.ambient;
+    out.len("wall-clock readings", ambient.wall.len())?;
+    for &reading in &ambient.wall {
+        out.u64(reading);
+    }
+    out.len("monotonic-clock readings", ambient.monotonic.len())?;
+    for &reading in &ambient.monotonic {
+        out.u64(reading);
+    }
+    match &ambient.random_key {
+        None => out.0.push(0),
+        Some(key) => {
+            out.0.push(1);
+            out.0.extend_from_slice(&key.0);
+        }
+    }
     Ok(out.0)
 }
 
@@ -95,7 +121,11 @@ pub fn decode(bytes: &[u8]) -> Result<ActionState, DecodeError> {
     match bytes.split_first() {
         None => Err(DecodeError::Empty),
         Some((1, rest)) => Ok(serde_json::from_slice(rest)?),
-        Some((2, _)) => decode_binary(&mut Reader { bytes, at: 1 }),
+        Some((&encoding @ (2 | 3), _)) => decode_binary(&mut Reader {
+            bytes,
+            at: 1,
+            encoding,
+        }),
         Some((&other, _)) => Err(DecodeError::UnknownEncoding(other)),
     }
 }
@@ -153,6 +183,19 @@ fn decode_binary(r: &mut Reader<'_>) -> Result<ActionState, DecodeError> {
         }
         other => return Err(r.error(format!("completion flag {other} is not 0 or 1"))),
     };
+    let ambient = if r.encoding >= 3 {
+        Ambient {
+            wall: r.u64s()?,
+            monotonic: r.u64s()?,
+            random_key: match r.u8()? {
+                0 => None,
+                1 => Some(RandomKey(r.array()?)),
+                other => return Err(r.error(format!("random key flag {other} is not 0 or 1"))),
+            },
+        }
+    } else {
+        Ambient::default()
+    };
     if r.at != r.bytes.len() {
         return Err(r.error(format!(
             "{} bytes after the end of the state",
@@ -164,6 +207,7 @@ fn decode_binary(r: &mut Reader<'_>) -> Result<ActionState, DecodeError> {
         trigger,
         calls,
         completion,
+        ambient,
         version,
     })
 }
@@ -200,11 +244,13 @@ impl Writer {
 struct Reader<'a> {
     bytes: &'a [u8],
     at: usize,
+    encoding: u8,
 }
 
 impl Reader<'_> {
     fn error(&self, problem: String) -> DecodeError {
         DecodeError::Binary {
+            encoding: self.encoding,
             at: self.at,
             problem,
         }
@@ -245,9 +291,20 @@ impl Reader<'_> {
         let at = self.at;
         let bytes = self.take(len)?.to_vec();
         String::from_utf8(bytes).map_err(|e| DecodeError::Binary {
+            encoding: self.encoding,
             at,
             problem: format!("a string that is not UTF-8: {e}"),
         })
+    }
+
+    fn u64s(&mut self) -> Result<Vec<u64>, DecodeError> {
+        let count = self.len()?;
+        // Bounded by what is left, so a corrupt length cannot ask for a huge allocation.
+        let mut values = Vec::with_capacity(count.min((self.bytes.len() - self.at) / 8));
+        for _ in 0..count {
+            values.push(self.u64()?);
+        }
+        Ok(values)
     }
 
     fn digest(&mut self) -> Result<Digest, DecodeError> {
@@ -267,7 +324,8 @@ mod tests {
     use super::*;
     use crate::event::Event;
     use crate::store::{
-        CallOutcome, CallRecord, Completion, Digest, KeyScope, MemoryWrite, StateKey,
+        Ambient, CallOutcome, CallRecord, Completion, Digest, KeyScope, MemoryWrite, RandomKey,
+        StateKey,
     };
 
     fn fixture(encoding: u8) -> std::path::PathBuf {
@@ -275,7 +333,17 @@ mod tests {
             .join(format!("tests/fixtures/action-state-v{encoding}.bin"))
     }
 
-    /// A state that uses every field, as each version wrote it to its fixture.
+    /// A state that uses every field, as each version wrote it to its fixture (without what
+    /// versions before 3 had no place for).
+    fn fixture_state_of(encoding: u8) -> ActionState {
+        let mut state = fixture_state();
+        if encoding < 3 {
+            state.ambient = Ambient::default();
+        }
+        state
+    }
+
+    /// A state that uses every field of the current encoding.
     fn fixture_state() -> ActionState {
         let call = |function: &str, outcome| CallRecord {
             function: function.to_owned(),
@@ -306,6 +374,11 @@ mod tests {
                     value: "true".to_owned(),
                 }],
             }),
+            ambient: Ambient {
+                wall: vec![1_796_000_000_000_000_000, 1_796_000_000_250_000_000],
+                monotonic: vec![5_000, 7_500],
+                random_key: Some(RandomKey([0xab; 32])),
+            },
             version: 42,
         }
     }
@@ -317,7 +390,7 @@ mod tests {
             assert_eq!(bytes[0], encoding, "the fixture's encoding byte");
             assert_eq!(
                 decode(&bytes).expect("decodes"),
-                fixture_state(),
+                fixture_state_of(encoding),
                 "encoding {encoding}"
             );
         }
@@ -367,10 +440,12 @@ mod tests {
         let mut state = fixture_state();
         state.calls.truncate(1);
         state.completion = None;
+        state.ambient = Ambient::default();
         let bytes = encode(&state).expect("encodes");
-        // The completion flag is the last byte.
+        // The completion flag comes before two empty clock lists and the random key flag.
         let mut bad = bytes.clone();
-        *bad.last_mut().expect("a byte") = 7;
+        let flag = bad.len() - 1 - (4 + 4 + 1);
+        bad[flag] = 7;
         let message = decode(&bad).expect_err("bad flag").to_string();
         assert!(message.contains("completion flag 7"), "{message}");
         // The tenant's first byte, after the encoding, the version and the length.
@@ -378,7 +453,7 @@ mod tests {
         bad[1 + 8 + 4] = 0xff;
         let message = decode(&bad).expect_err("bad UTF-8").to_string();
         assert!(
-            message.contains("at byte 13: a string that is not UTF-8"),
+            message.contains("encoding 3, at byte 13: a string that is not UTF-8"),
             "{message}"
         );
     }

@@ -17,8 +17,8 @@ use serde::{Deserialize, Serialize};
 pub use log::{DEFAULT_REFRESH_BATCH, LogStore, MarkerStrategy};
 pub use memory::InMemoryStore;
 pub use state::{
-    ActionState, CallOutcome, CallRecord, Completion, Digest, KeyScope, MemoryWrite, StateKey,
-    Version,
+    ActionState, Ambient, CallOutcome, CallRecord, Completion, Digest, KeyScope, MemoryWrite,
+    RandomKey, StateKey, Version,
 };
 
 /// Where recovery starts reading the log: one offset per partition.

@@ -142,6 +142,9 @@ pub struct ActionState {
     pub calls: Vec<CallRecord>,
     /// Present once the run completed.
     pub completion: Option<Completion>,
+    /// What the run read from its WASI clocks and random sources.
+    #[serde(default)]
+    pub ambient: Ambient,
     /// Assigned by the store on every write.
     pub version: Version,
 }
@@ -153,6 +156,7 @@ impl ActionState {
             trigger,
             calls: Vec::new(),
             completion: None,
+            ambient: Ambient::default(),
             version: 0,
         }
     }
@@ -192,6 +196,35 @@ impl CallOutcome {
             Self::Succeeded(_) => "succeeded",
             Self::Failed(_) => "failed",
         }
+    }
+}
+
+/// What a run read from the WASI clocks, and the key of its random streams, so that running
+/// it again reads the same (`durable::AmbientSource`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Ambient {
+    /// `wasi:clocks/wall-clock.now`: nanoseconds since the Unix epoch, one per reading.
+    pub wall: Vec<u64>,
+    /// `wasi:clocks/monotonic-clock.now`: nanoseconds, one per reading.
+    pub monotonic: Vec<u64>,
+    /// What `wasi:random/random` and `wasi:random/insecure` hand out is derived from this
+    /// key, drawn the first time the run asks for randomness.
+    pub random_key: Option<RandomKey>,
+}
+
+impl Ambient {
+    pub fn is_empty(&self) -> bool {
+        self.wall.is_empty() && self.monotonic.is_empty() && self.random_key.is_none()
+    }
+}
+
+/// 32 secret bytes (`Debug` does not show them).
+#[derive(Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RandomKey(#[serde(with = "hex::serde")] pub [u8; 32]);
+
+impl fmt::Debug for RandomKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("RandomKey(..)")
     }
 }
 

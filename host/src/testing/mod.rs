@@ -11,6 +11,10 @@
 //!   simulator, like a remote that honours the key, drops the repeat);
 //! - a call left in doubt is settled by its function's policy: `reconcile` asks and never
 //!   calls again; `fail` stops the run with an error that names the call.
+//!
+//! Every run's clocks and random sources are seeded (`durable::Seeded`: the kit's seed, and
+//! the time the kit started), so that an agent that reads them produces the same outputs in
+//! every run; what a run read is still recorded and served on replay as always.
 
 mod agent;
 mod simulator;
@@ -25,7 +29,7 @@ use rand::seq::IndexedRandom;
 use rand::{Rng, SeedableRng};
 
 use crate::crash::{Crash, CrashPoint};
-use crate::durable::InDoubtPolicy;
+use crate::durable::{InDoubtPolicy, SEED_ENV, Seeded};
 pub use simulator::{Script, Simulator, read_scripts};
 
 /// Which crashes to inject.
@@ -159,6 +163,13 @@ impl Report {
     }
 }
 
+/// What every run of one kit shares: the agent.toml under test and the seed of its clocks
+/// and random sources.
+struct Setup {
+    agent: PathBuf,
+    ambient: Seeded,
+}
+
 /// What a finished run left: outputs (sorted lines) and calls per (function, key).
 struct Finished {
     outputs: Vec<String>,
@@ -183,10 +194,21 @@ impl Kit {
         std::fs::write(&agent, &rewritten.toml)
             .with_context(|| format!("writing {}", agent.display()))?;
 
+        let ambient = Seeded {
+            seed: match at {
+                CrashAt::Random { seed, .. } => *seed,
+                _ => 0,
+            },
+            epoch_ms: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|since| u64::try_from(since.as_millis()).unwrap_or(u64::MAX))
+                .unwrap_or_default(),
+        };
+        let setup = Setup { agent, ambient };
         let reference_dir = self.work.join("reference");
         let counts = self.work.join("reached.json");
         let status = self
-            .spawn(&agent, &reference_dir, None, Some(&counts))
+            .spawn(&setup, &reference_dir, None, Some(&counts))
             .await?;
         if !status.success() {
             bail!(
@@ -241,7 +263,7 @@ impl Kit {
                 .join(format!("{i:04}-{}-{}", crash.point, crash.nth));
             let outcome = self
                 .case(
-                    &agent,
+                    &setup,
                     &dir,
                     crash,
                     &simulator,
@@ -260,7 +282,7 @@ impl Kit {
 
     async fn case(
         &self,
-        agent: &Path,
+        setup: &Setup,
         dir: &Path,
         crash: Crash,
         simulator: &Simulator,
@@ -268,7 +290,7 @@ impl Kit {
         in_doubt: &BTreeMap<String, InDoubtPolicy>,
     ) -> anyhow::Result<Outcome> {
         use std::os::unix::process::ExitStatusExt;
-        let status = self.spawn(agent, dir, Some(crash), None).await?;
+        let status = self.spawn(setup, dir, Some(crash), None).await?;
         if status.success() {
             return Ok(Outcome::NotReached);
         }
@@ -282,7 +304,7 @@ impl Kit {
         // command, as an operator would do.
         let mut last = status;
         for _ in 0..3 {
-            last = self.spawn(agent, dir, None, None).await?;
+            last = self.spawn(setup, dir, None, None).await?;
             if last.success() {
                 break;
             }
@@ -340,7 +362,7 @@ impl Kit {
     /// into `counts`.
     async fn spawn(
         &self,
-        agent: &Path,
+        setup: &Setup,
         dir: &Path,
         crash: Option<Crash>,
         counts: Option<&Path>,
@@ -356,7 +378,7 @@ impl Kit {
         }
         command
             .arg("run")
-            .arg(agent)
+            .arg(&setup.agent)
             .arg("--input")
             .arg(&self.input)
             .arg("--output")
@@ -364,6 +386,7 @@ impl Kit {
             .arg("--state")
             .arg(dir.join("state"))
             .env_remove(crate::crash::ENV)
+            .env(SEED_ENV, setup.ambient.to_string())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(stderr);

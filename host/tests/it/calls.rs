@@ -2,7 +2,8 @@
 //!
 //! A run is interrupted the way a crash interrupts it: a function `gate` is unavailable the
 //! first time (the run ends, nothing about that call is recorded), and the input is then
-//! processed again, as recovery would.
+//! processed again, as recovery would. Every test runs against the caller guest in Rust,
+//! Python and JavaScript.
 
 use std::sync::Arc;
 
@@ -17,6 +18,20 @@ use serde_json::{Value, json};
 use crate::support::{
     Counting, agent_file, agent_toml, agent_with, first_output, input, memory_store, sandbox,
 };
+
+in_every_language!(
+    a_miss_runs_the_function_once_and_a_hit_serves_the_record,
+    a_completed_action_is_not_run_again_and_its_outputs_are_reapplied,
+    another_input_under_the_same_key_and_sequence_does_not_get_the_first_ones_records,
+    divergence_truncates_the_records_and_runs_live_by_default,
+    divergence_under_fail_fails_the_run_naming_both_calls,
+    a_function_can_override_the_agents_divergence_policy,
+    a_recorded_failure_is_replayed_as_the_same_failure,
+    denied_and_unknown_function_calls_are_not_recorded_and_replay_cleanly,
+    the_idempotency_key_is_the_same_when_a_lost_record_makes_the_call_run_again,
+    the_guest_never_sees_a_result_the_store_did_not_acknowledge,
+    time_is_recorded_like_any_call_and_replayed_unchanged,
+);
 
 fn call(function: &str, args: Value) -> Value {
     json!({ "function": function, "args": args })
@@ -95,12 +110,11 @@ async fn replay_after_code_change(toml: &str, old: &[Value], new: &[Value]) -> C
     }
 }
 
-#[tokio::test]
-async fn a_miss_runs_the_function_once_and_a_hit_serves_the_record() {
+async fn a_miss_runs_the_function_once_and_a_hit_serves_the_record(caller: &str) {
     let store = memory_store();
     let (count, gate) = (Counting::new(), Counting::unavailable_first(1));
     let agent = agent_with(
-        &agent_toml("caller", "", ""),
+        &agent_toml(caller, "", ""),
         store.clone(),
         &[("count", count.clone()), ("gate", gate.clone())],
     );
@@ -125,12 +139,11 @@ async fn a_miss_runs_the_function_once_and_a_hit_serves_the_record() {
     );
 }
 
-#[tokio::test]
-async fn a_completed_action_is_not_run_again_and_its_outputs_are_reapplied() {
+async fn a_completed_action_is_not_run_again_and_its_outputs_are_reapplied(caller: &str) {
     let store = memory_store();
     let count = Counting::new();
     let agent = agent_with(
-        &agent_toml("caller", "", ""),
+        &agent_toml(caller, "", ""),
         store.clone(),
         &[("count", count.clone())],
     );
@@ -157,12 +170,13 @@ async fn a_completed_action_is_not_run_again_and_its_outputs_are_reapplied() {
     );
 }
 
-#[tokio::test]
-async fn another_input_under_the_same_key_and_sequence_does_not_get_the_first_ones_records() {
+async fn another_input_under_the_same_key_and_sequence_does_not_get_the_first_ones_records(
+    caller: &str,
+) {
     let store = memory_store();
     let count = Counting::new();
     let agent = agent_with(
-        &agent_toml("caller", "", ""),
+        &agent_toml(caller, "", ""),
         store.clone(),
         &[("count", count.clone())],
     );
@@ -188,11 +202,10 @@ async fn another_input_under_the_same_key_and_sequence_does_not_get_the_first_on
     );
 }
 
-#[tokio::test]
-async fn divergence_truncates_the_records_and_runs_live_by_default() {
+async fn divergence_truncates_the_records_and_runs_live_by_default(caller: &str) {
     // The new version of the action agrees on call 0 and makes another call 1.
     let change = replay_after_code_change(
-        &agent_toml("caller", "", ""),
+        &agent_toml(caller, "", ""),
         &[
             call("count", json!({"i": 0})),
             call("count", json!({"i": 1})),
@@ -213,10 +226,9 @@ async fn divergence_truncates_the_records_and_runs_live_by_default() {
     assert_eq!(functions, ["count", "other", "gate"]);
 }
 
-#[tokio::test]
-async fn divergence_under_fail_fails_the_run_naming_both_calls() {
+async fn divergence_under_fail_fails_the_run_naming_both_calls(caller: &str) {
     let change = replay_after_code_change(
-        &agent_toml("caller", "divergence = \"fail\"", ""),
+        &agent_toml(caller, "divergence = \"fail\"", ""),
         &[call("count", json!({}))],
         &[call("other", json!({}))],
     )
@@ -234,11 +246,10 @@ async fn divergence_under_fail_fails_the_run_naming_both_calls() {
     );
 }
 
-#[tokio::test]
-async fn a_function_can_override_the_agents_divergence_policy() {
+async fn a_function_can_override_the_agents_divergence_policy(caller: &str) {
     let change = replay_after_code_change(
         &agent_toml(
-            "caller",
+            caller,
             "",
             "[functions.other]\nkind = \"custom\"\ndivergence = \"fail\"\n",
         ),
@@ -255,15 +266,14 @@ async fn a_function_can_override_the_agents_divergence_policy() {
     assert_eq!(change.other.calls(), 0);
 }
 
-#[tokio::test]
-async fn a_recorded_failure_is_replayed_as_the_same_failure() {
+async fn a_recorded_failure_is_replayed_as_the_same_failure(caller: &str) {
     let store = memory_store();
     let (pay, gate) = (
         Counting::failing("the payment was declined"),
         Counting::unavailable_first(1),
     );
     let agent = agent_with(
-        &agent_toml("caller", "", ""),
+        &agent_toml(caller, "", ""),
         store.clone(),
         &[("pay", pay.clone()), ("gate", gate.clone())],
     );
@@ -285,16 +295,15 @@ async fn a_recorded_failure_is_replayed_as_the_same_failure() {
     );
 }
 
-#[tokio::test]
-async fn denied_and_unknown_function_calls_are_not_recorded_and_replay_cleanly() {
+async fn denied_and_unknown_function_calls_are_not_recorded_and_replay_cleanly(caller: &str) {
     let store = memory_store();
     let (count, gate) = (Counting::new(), Counting::unavailable_first(1));
     let toml = agent_toml(
-        "caller",
+        caller,
         "",
         &format!(
             "[[actions]]\nname = \"billing\"\ncomponent = {:?}\non = [\"bill\"]\n\n[functions.charge]\nkind = \"random\"\nactions = [\"billing\"]\n",
-            crate::support::guest("caller").display().to_string()
+            crate::support::guest(caller).display().to_string()
         ),
     );
     let agent = agent_with(
@@ -346,10 +355,9 @@ async fn denied_and_unknown_function_calls_are_not_recorded_and_replay_cleanly()
     assert_eq!(functions(&store), ["count", "gate"]);
 }
 
-#[tokio::test]
-async fn the_idempotency_key_is_the_same_when_a_lost_record_makes_the_call_run_again() {
+async fn the_idempotency_key_is_the_same_when_a_lost_record_makes_the_call_run_again(caller: &str) {
     let count = Counting::new();
-    let toml = agent_toml("caller", "", "");
+    let toml = agent_toml(caller, "", "");
     let payload =
         json!({ "calls": [call("count", json!({"a": 1})), call("count", json!({"a": 1}))] });
     // Two stores: as if the first run's records had been lost with its process.
@@ -406,11 +414,10 @@ impl ActionStateStore for Refusing {
     }
 }
 
-#[tokio::test]
-async fn the_guest_never_sees_a_result_the_store_did_not_acknowledge() {
+async fn the_guest_never_sees_a_result_the_store_did_not_acknowledge(caller: &str) {
     let count = Counting::new();
     let agent = agent_with(
-        &agent_toml("caller", "", ""),
+        &agent_toml(caller, "", ""),
         Arc::new(Refusing::default()),
         &[("count", count.clone())],
     );
@@ -426,7 +433,10 @@ async fn the_guest_never_sees_a_result_the_store_did_not_acknowledge() {
         error.contains("did not record") && error.contains("disk full"),
         "{error}"
     );
-    assert_eq!(count.calls(), 1);
+    // A guest that read the clock or the random source before the call (Python's runtime
+    // reseeds its generator as it starts) has those values written first: that write is
+    // refused and the call is never made.
+    assert!(count.calls() <= 1);
     assert!(
         report.outputs.is_empty(),
         "the action must not go on with an unrecorded result"
@@ -443,15 +453,14 @@ impl rewind_host::functions::Clock for Fixed {
     }
 }
 
-#[tokio::test]
-async fn time_is_recorded_like_any_call_and_replayed_unchanged() {
+async fn time_is_recorded_like_any_call_and_replayed_unchanged(caller: &str) {
     use std::time::{Duration, UNIX_EPOCH};
 
     let store = memory_store();
     let gate = Counting::unavailable_first(1);
     let toml = format!(
         "{}\n[functions.gate]\nkind = \"custom\"\n",
-        agent_toml("caller", "", "[functions.now]\nkind = \"time\"\n")
+        agent_toml(caller, "", "[functions.now]\nkind = \"time\"\n")
     );
     let at = |ms: u64| {
         rewind_host::agent::Agent::builder(agent_file(&toml), sandbox())

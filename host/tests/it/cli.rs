@@ -136,17 +136,19 @@ fn an_unreachable_function_url_stops_the_run_with_one_message() {
 #[test]
 fn check_says_whether_a_component_fits_the_world() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let ok = rewind(dir.path())
-        .arg("check")
-        .arg(guest("caller"))
-        .output()
-        .expect("runs");
-    assert!(ok.status.success(), "{}", text(&ok.stderr));
-    let stdout = text(&ok.stdout);
-    assert!(
-        stdout.contains("rewind:action/durable@0.1.0") && stdout.contains("fits"),
-        "{stdout}"
-    );
+    for caller in ["caller", "caller_py", "caller_js"] {
+        let ok = rewind(dir.path())
+            .arg("check")
+            .arg(guest(caller))
+            .output()
+            .expect("runs");
+        assert!(ok.status.success(), "{caller}: {}", text(&ok.stderr));
+        let stdout = text(&ok.stdout);
+        assert!(
+            stdout.contains("rewind:action/durable@0.1.0") && stdout.contains("fits"),
+            "{caller}: {stdout}"
+        );
+    }
 
     let evil = write(
         dir.path(),

@@ -7,7 +7,7 @@ use rewind_host::crash::CrashPoint;
 use rewind_host::testing::{CrashAt, Kit, Outcome, Report, Script};
 use serde_json::json;
 
-use crate::support::{guest, workspace_root};
+use crate::support::{guest, polyglot_guests, workspace_root};
 
 fn kit(agent: PathBuf, input: PathBuf, work: &str) -> Kit {
     Kit {
@@ -45,13 +45,17 @@ fn assert_passed(report: &Report, kinds: &[CrashPoint]) {
     }
 }
 
-/// The example agents against the example mock service, at every point they reach.
+/// The example agents against the example mock service, at every point they reach. The
+/// polyglot agent's Python and JavaScript actions read the clock and draw random numbers
+/// (a refund's id): its outputs must still equal the uninterrupted run's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_example_agent_survives_a_crash_at_every_durable_boundary() {
+    guest("caller");
+    polyglot_guests();
     let mock = rewind_mock::MockService::start("127.0.0.1:0".parse().expect("addr"))
         .await
         .expect("mock");
-    for example in ["support", "enrichment"] {
+    for example in ["support", "enrichment", "polyglot"] {
         let dir = workspace_root().join("examples").join(example);
         let mut kit = kit(dir.join("agent.toml"), dir.join("inputs.jsonl"), example);
         kit.rewrites = vec![("http://127.0.0.1:7181".to_owned(), mock.base_url())];

@@ -1,6 +1,10 @@
 //! Integration tests of rewind-host: real components built from source, real wasmtime,
 //! real HTTP servers on loopback.
 
+#[macro_use]
+mod support;
+
+mod ambient;
 mod calls;
 mod cli;
 mod concurrency;
@@ -9,7 +13,7 @@ mod in_doubt;
 mod kill;
 mod kit;
 mod model;
+mod polyglot;
 mod recovery;
 mod sandbox;
 mod store;
-mod support;

@@ -271,11 +271,15 @@ async fn guest_stdout_and_stderr_go_to_the_log_with_the_run_named() {
 #[test]
 fn a_compiled_component_is_cached_on_disk_and_a_broken_cache_file_is_recompiled() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let sandbox = rewind_host::sandbox::Sandbox::builder()
-        .cache_dir(Some(dir.path().to_owned()))
-        .instances(4)
-        .build()
-        .expect("sandbox");
+    // A sandbox per load, as a new process would have: one sandbox keeps what it loaded in
+    // memory (and mapped from its file) and would not look at the disk again.
+    let sandbox = || {
+        rewind_host::sandbox::Sandbox::builder()
+            .cache_dir(Some(dir.path().to_owned()))
+            .instances(4)
+            .build()
+            .expect("sandbox")
+    };
     let cached = || -> Vec<std::path::PathBuf> {
         std::fs::read_dir(dir.path())
             .expect("cache dir")
@@ -285,7 +289,7 @@ fn a_compiled_component_is_cached_on_disk_and_a_broken_cache_file_is_recompiled(
     };
     let noop = crate::support::guest("noop");
 
-    sandbox.load_file(&noop).expect("loads");
+    sandbox().load_file(&noop).expect("loads");
     let files = cached();
     assert_eq!(files.len(), 1, "one precompiled file per component");
     // An old mtime, so that a rewrite would show even with coarse timestamps.
@@ -299,15 +303,16 @@ fn a_compiled_component_is_cached_on_disk_and_a_broken_cache_file_is_recompiled(
         .expect("meta")
         .modified()
         .expect("mtime");
-    sandbox.load_file(&noop).expect("loads from the cache");
+    sandbox().load_file(&noop).expect("loads from the cache");
     let again = std::fs::metadata(&files[0])
         .expect("meta")
         .modified()
         .expect("mtime");
     assert_eq!(written, again, "a cached component is not compiled again");
 
+    // Every sandbox that mapped the file is gone: it can be broken in place.
     std::fs::write(&files[0], b"not a compiled component").expect("corrupt");
-    sandbox
+    sandbox()
         .load_file(&noop)
         .expect("a broken cache file is recompiled");
     assert!(

@@ -13,7 +13,7 @@ use rewind_host::sandbox::Sandbox;
 use rewind_host::store::{ActionStateStore, InMemoryStore};
 
 /// The guests the tests run, built once per test binary: tests/guests/ and the examples.
-const GUESTS: [&str; 10] = [
+const GUESTS: [&str; 11] = [
     "guest-caller",
     "guest-hostile",
     "guest-noop",
@@ -24,6 +24,7 @@ const GUESTS: [&str; 10] = [
     "enrichment-company",
     "enrichment-person",
     "enrichment-score",
+    "polyglot-intake",
 ];
 
 pub fn workspace_root() -> PathBuf {
@@ -33,10 +34,60 @@ pub fn workspace_root() -> PathBuf {
         .to_owned()
 }
 
-/// Path of the component of test guest `name` (e.g. "caller"), building the guests first.
+/// Path of the component of test guest `name`, building the guests first: "caller" is
+/// tests/guests/caller (Rust), "caller_py" and "caller_js" its Python and JavaScript twins.
 pub fn guest(name: &str) -> PathBuf {
+    if name.ends_with("_py") || name.ends_with("_js") {
+        polyglot_guests();
+    }
+    rust_guests().join(format!("guest_{name}.wasm"))
+}
+
+/// Runs each named test (an `async fn(caller: &str)`) once per guest language, against the
+/// caller guest in that language: `rust::name`, `python::name`, `javascript::name`.
+macro_rules! in_every_language {
+    ($($test:ident),* $(,)?) => {
+        mod rust {
+            $(#[tokio::test]
+            async fn $test() {
+                super::$test("caller").await
+            })*
+        }
+        mod python {
+            $(#[tokio::test]
+            async fn $test() {
+                super::$test("caller_py").await
+            })*
+        }
+        mod javascript {
+            $(#[tokio::test]
+            async fn $test() {
+                super::$test("caller_js").await
+            })*
+        }
+    };
+}
+
+/// Builds the Python and JavaScript guests (tests/guests/ and the examples) once per test
+/// binary, with the project's own script; it installs the toolchains when missing.
+pub fn polyglot_guests() {
+    static BUILT: OnceLock<()> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        let status = Command::new("bash")
+            .arg(workspace_root().join("scripts").join("polyglot.sh"))
+            .status()
+            .expect("bash runs");
+        assert!(
+            status.success(),
+            "building the Python and JavaScript guests failed (scripts/polyglot.sh)"
+        );
+    });
+}
+
+/// Builds the Rust guests once per test binary; the directory their components are in.
+fn rust_guests() -> &'static Path {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
-    let dir = BUILT.get_or_init(|| {
+    BUILT.get_or_init(|| {
         let root = workspace_root();
         let target = root.join("target").join("guests");
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
@@ -57,8 +108,7 @@ pub fn guest(name: &str) -> PathBuf {
         let status = command.status().expect("cargo runs");
         assert!(status.success(), "building the test guests failed");
         target.join("wasm32-wasip2").join("release")
-    });
-    dir.join(format!("guest_{name}.wasm"))
+    })
 }
 
 /// The directory guest components are built into (after building them).
@@ -135,6 +185,8 @@ pub struct Counting {
     keys: Mutex<Vec<String>>,
     /// When set, every call fails with this message.
     fail_with: Option<String>,
+    /// The args of every call, in order.
+    args: Mutex<Vec<String>>,
     /// Calls answered "unavailable" before the function starts answering: an outage that
     /// ends the run without a record, as a crash would.
     unavailable_first: u64,
@@ -179,6 +231,11 @@ impl Counting {
     pub fn keys(&self) -> Vec<String> {
         self.keys.lock().expect("lock").clone()
     }
+
+    /// The args of every call, in order.
+    pub fn args(&self) -> Vec<String> {
+        self.args.lock().expect("lock").clone()
+    }
 }
 
 #[async_trait]
@@ -189,6 +246,10 @@ impl Function for Counting {
             .lock()
             .expect("lock")
             .push(request.idempotency_key.to_owned());
+        self.args
+            .lock()
+            .expect("lock")
+            .push(request.args.to_owned());
         let down_for = self.down_for.as_deref();
         if down_for.is_none_or(|fragment| request.args.contains(fragment))
             && self.matched.fetch_add(1, Ordering::SeqCst) < self.unavailable_first

@@ -10,7 +10,9 @@
 //!   "memory_get": ["name"],
 //!   "send": [{ "kind": "k", "payload": {} }],
 //!   "fail": "message",
-//!   "output": true
+//!   "output": true,
+//!   "ambient": true,
+//!   "stamp_calls": true
 //! }
 //! ```
 //!
@@ -31,7 +33,17 @@
 //! A call's error is `{"failed": ..}`, `{"denied": ..}` or `{"unknown-function": ..}`; a
 //! result that is not JSON is reported as `{"not-json": "<text>"}`. Events of any kind are
 //! handled the same way, so a test can script a chain of actions.
+//!
+//! `stamp_calls` adds the wall-clock time (`stamped_at`, nanoseconds) and a random number
+//! (`nonce`) to every call's args; `ambient` adds to the output what the run read from its
+//! clocks and random sources: `{"wall_ns", "elapsed_ns", "random", "hash_order"}` (a number
+//! from a generator seeded from WASI randomness, and a `HashMap`'s iteration order).
+//! tests/guests/caller-py and caller-js run the same scripts.
 
+use std::collections::HashMap;
+use std::time::{Instant, SystemTime};
+
+use rand::{Rng as _, SeedableRng as _};
 use rewind_guest::{Action, CallError, Context, Error, Event};
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
@@ -46,6 +58,8 @@ struct Script {
     memory_get: Vec<String>,
     fail: Option<String>,
     output: Option<bool>,
+    ambient: bool,
+    stamp_calls: bool,
 }
 
 #[derive(Debug, Deserialize)]
@@ -79,7 +93,14 @@ impl Action for Caller {
 
         let mut results = Vec::with_capacity(script.calls.len());
         for call in &script.calls {
-            let args = serde_json::to_string(&call.args)?;
+            let mut args = call.args.clone();
+            if script.stamp_calls
+                && let Value::Object(fields) = &mut args
+            {
+                fields.insert("stamped_at".to_owned(), json!(wall_ns()));
+                fields.insert("nonce".to_owned(), json!(rand::random::<u64>()));
+            }
+            let args = serde_json::to_string(&args)?;
             results.push(outcome(ctx.call_json(&call.function, &args)));
         }
 
@@ -100,16 +121,40 @@ impl Action for Caller {
             return Err(Error::msg(message));
         }
         if script.output.unwrap_or(true) {
-            ctx.output(&json!({
+            let mut output = json!({
                 "kind": event.kind,
                 "key": ctx.key(),
                 "sequence": ctx.sequence(),
                 "results": results,
                 "memory": memory,
-            }))?;
+            });
+            if script.ambient {
+                output["ambient"] = ambient();
+            }
+            ctx.output(&output)?;
         }
         Ok(())
     }
+}
+
+fn wall_ns() -> u128 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|since| since.as_nanos())
+        .unwrap_or_default()
+}
+
+/// What this run reads from its clocks and random sources.
+fn ambient() -> Value {
+    let started = Instant::now();
+    let mut rng = rand::rngs::StdRng::from_os_rng();
+    let order: HashMap<String, u8> = (0..8u8).map(|i| (format!("k{i}"), i)).collect();
+    json!({
+        "wall_ns": wall_ns().to_string(),
+        "elapsed_ns": started.elapsed().as_nanos().to_string(),
+        "random": rng.random::<u64>().to_string(),
+        "hash_order": order.keys().collect::<Vec<_>>(),
+    })
 }
 
 /// One call's result as the output reports it.

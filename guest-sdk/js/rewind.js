@@ -1,0 +1,234 @@
+// Write Rewind agent actions in JavaScript.
+//
+// An action is a WebAssembly component that handles one event. Everything it does outside
+// its sandbox goes through a durable call (`ctx.call`): the host records each call's result,
+// and when the same input is run again (after a crash, say) the recorded result is returned
+// instead of calling the outside world again. `Date.now()`, `Math.random()` and
+// `crypto.getRandomValues()` are durable too: a replay sees the values the first run saw.
+//
+//     import { action } from 'rewind';
+//
+//     export const run = action((ctx, event) => {
+//       const ticket = event.payload;
+//       const order = ctx.call('orders.lookup', { order_id: ticket.order_id });
+//       ctx.info(`ticket ${ticket.ticket_id} is about order ${order.order_id}`);
+//       ctx.output(order);
+//     });
+//
+// `scripts/guests.sh` builds it (build.mjs: esbuild bundles it with this module, then
+// componentize-js makes the component of world `action` of `wit/`, without wasi:http).
+
+import { call as durableCall } from 'rewind:action/durable@0.1.0';
+import {
+  key as contextKey,
+  sequence as contextSequence,
+  send as contextSend,
+  memoryGet,
+  memorySet,
+  log as contextLog,
+} from 'rewind:action/context@0.1.0';
+
+/** Why an action failed: thrown out of the handler, its message is what the host reports. */
+export class RewindError extends Error {
+  constructor(message) {
+    super(message);
+    this.name = 'RewindError';
+  }
+}
+
+/** Why a durable call returned no value; `fn` is the function called. */
+export class CallError extends RewindError {
+  constructor(fn, message, what) {
+    super(`${what}: ${message}`);
+    this.name = 'CallError';
+    this.fn = fn;
+    this.reason = message;
+  }
+}
+
+/** The function ran and failed. Recorded: a replay throws it again without calling. */
+export class CallFailed extends CallError {
+  constructor(fn, message) {
+    super(fn, message, 'durable call failed');
+    this.name = 'CallFailed';
+  }
+}
+
+/** The action may not use this function now (not granted, quota spent). Not recorded. */
+export class CallDenied extends CallError {
+  constructor(fn, message) {
+    super(fn, message, 'durable call denied');
+    this.name = 'CallDenied';
+  }
+}
+
+/** No function of that name is declared for this agent. Not recorded. */
+export class UnknownFunction extends CallError {
+  constructor(fn, message) {
+    super(fn, message, 'unknown function');
+    this.name = 'UnknownFunction';
+  }
+}
+
+const CALL_ERRORS = {
+  failed: CallFailed,
+  denied: CallDenied,
+  'unknown-function': UnknownFunction,
+};
+
+function dumps(value, what) {
+  let text;
+  try {
+    text = JSON.stringify(value);
+  } catch (error) {
+    throw new RewindError(`${what} cannot be encoded as JSON: ${error.message}`);
+  }
+  if (text === undefined) {
+    throw new RewindError(`${what} cannot be encoded as JSON: ${typeof value}`);
+  }
+  return text;
+}
+
+function parse(text, what) {
+  try {
+    return JSON.parse(text);
+  } catch (error) {
+    throw new RewindError(`${what} is not JSON: ${error.message}`);
+  }
+}
+
+/** An event: `kind` routes it, `payload` is its JSON, parsed. */
+export class Event {
+  constructor(kind, payloadJson) {
+    this.kind = kind;
+    this.payloadJson = payloadJson;
+  }
+
+  get payload() {
+    return parse(this.payloadJson, `the payload of event \`${this.kind}\``);
+  }
+}
+
+/** The levels of `ctx.log`. */
+export const Level = Object.freeze({
+  trace: 'trace',
+  debug: 'debug',
+  info: 'info',
+  warn: 'warn',
+  error: 'error',
+});
+
+/** What an action can reach: durable calls, events, the key's memory, the host's log. */
+export class Context {
+  /** The key of the input being processed (a user, a session, a ticket). */
+  get key() {
+    return contextKey();
+  }
+
+  /** The input's sequence number within its key, starting at 1 (a Number). */
+  get sequence() {
+    return Number(contextSequence());
+  }
+
+  /**
+   * Calls `fn` with `args` (anything JSON.stringify takes; undefined is `{}`) and returns
+   * its result parsed from JSON. The first time a run reaches the call, the host runs the
+   * function and records the result before returning it; a replay gets the record back.
+   * Throws CallFailed, CallDenied or UnknownFunction.
+   */
+  call(fn, args = {}) {
+    const result = this.callJson(fn, dumps(args, `args for \`${fn}\``));
+    return parse(result, `result of \`${fn}\``);
+  }
+
+  /** `call` with JSON text in and out. */
+  callJson(fn, argsJson) {
+    try {
+      return durableCall(fn, argsJson);
+    } catch (thrown) {
+      const error = thrown?.payload;
+      const Kind = error && CALL_ERRORS[error.tag];
+      if (Kind) {
+        throw new Kind(fn, error.val);
+      }
+      throw thrown;
+    }
+  }
+
+  /**
+   * Sends an event of `kind`, delivered when the run completes: to the actions bound to
+   * `kind`, or out of the agent when `kind` is "output".
+   */
+  send(kind, payload) {
+    contextSend({ kind, payload: dumps(payload ?? null, `the payload of \`${kind}\``) });
+  }
+
+  /** Sends `payload` out of the agent: `send("output", payload)`. */
+  output(payload) {
+    this.send('output', payload);
+  }
+
+  /** The value of `name` in the key's memory as the run started, else `fallback`. */
+  memory(name, fallback = undefined) {
+    const value = memoryGet(name);
+    return value === undefined || value === null ? fallback : parse(value, `memory \`${name}\``);
+  }
+
+  /** Sets `name` in the key's memory when the run completes. */
+  setMemory(name, value) {
+    memorySet(name, dumps(value ?? null, `memory \`${name}\``));
+  }
+
+  /** Writes `message` to the host's log, labelled with the run. */
+  log(level, message) {
+    contextLog(level, String(message));
+  }
+
+  trace(message) {
+    this.log(Level.trace, message);
+  }
+
+  debug(message) {
+    this.log(Level.debug, message);
+  }
+
+  info(message) {
+    this.log(Level.info, message);
+  }
+
+  warn(message) {
+    this.log(Level.warn, message);
+  }
+
+  error(message) {
+    this.log(Level.error, message);
+  }
+}
+
+/**
+ * The component's `run` export for `handler(ctx, event)`: `export const run = action(...)`.
+ *
+ * Returning completes the run: the events it sent and the memory it set are applied.
+ * Throwing fails it: its sends and memory writes are dropped and the error's text is
+ * reported by the host (a RewindError's message as is, any other error with its name).
+ * Durable calls it made stay recorded.
+ */
+export function action(handler) {
+  if (typeof handler !== 'function') {
+    throw new TypeError('action() takes a function (ctx, event) => void');
+  }
+  return function run(event) {
+    try {
+      handler(new Context(), new Event(event.kind, event.payload));
+    } catch (error) {
+      // componentize-js returns a thrown value's `payload` as the result's error.
+      const message =
+        error instanceof RewindError
+          ? error.message
+          : error instanceof Error
+            ? `${error.name}: ${error.message}`
+            : `thrown: ${String(error)}`;
+      throw { payload: message };
+    }
+  };
+}

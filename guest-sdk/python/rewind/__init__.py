@@ -1,0 +1,226 @@
+"""Write Rewind agent actions in Python.
+
+An action is a WebAssembly component that handles one event. Everything it does outside
+its sandbox goes through a durable call (``Context.call``): the host records each call's
+result, and when the same input is run again (after a crash, say) the recorded result is
+returned instead of calling the outside world again. ``time.time()``, ``random.random()``
+and the other clocks and random sources are durable too: a replay sees the values the first
+run saw.
+
+Subclass ``Action`` and export it as the component's world::
+
+    import rewind
+
+    class Status(rewind.Action):
+        def run(self, ctx: rewind.Context, event: rewind.Event) -> None:
+            ticket = event.payload
+            order = ctx.call("orders.lookup", {"order_id": ticket["order_id"]})
+            ctx.info(f"ticket {ticket['ticket_id']} is about order {order['order_id']}")
+            ctx.output(order)
+
+    WitWorld = rewind.export(Status)
+
+Build it with ``scripts/guests.sh`` (componentize-py, world ``action`` of ``wit/``); the
+``.wasm`` it writes is the component to name in ``agent.toml``.
+"""
+
+import json
+from typing import Any, Optional
+
+import wit_world
+from componentize_py_types import Err
+from wit_world.imports import context as _context
+from wit_world.imports import durable as _durable
+from wit_world.imports import types as _types
+
+__all__ = [
+    "Action",
+    "CallDenied",
+    "CallError",
+    "CallFailed",
+    "Context",
+    "Error",
+    "Event",
+    "Level",
+    "UnknownFunction",
+    "export",
+]
+
+Level = _types.Level
+
+
+class Error(Exception):
+    """Why an action failed: raised out of ``run``, its message is what the host reports."""
+
+
+class CallError(Error):
+    """Why a durable call returned no value. ``function`` is the function called."""
+
+    def __init__(self, function: str, message: str) -> None:
+        super().__init__(message)
+        self.function = function
+        self.message = message
+
+
+class CallFailed(CallError):
+    """The function ran and failed. Recorded: a replay raises it again without calling."""
+
+    def __str__(self) -> str:
+        return f"durable call failed: {self.message}"
+
+
+class CallDenied(CallError):
+    """The action may not use this function now (not granted, quota spent). Not recorded."""
+
+    def __str__(self) -> str:
+        return f"durable call denied: {self.message}"
+
+
+class UnknownFunction(CallError):
+    """No function of that name is declared for this agent. Not recorded."""
+
+    def __str__(self) -> str:
+        return f"unknown function: {self.message}"
+
+
+_CALL_ERRORS = {
+    _types.CallError_Failed: CallFailed,
+    _types.CallError_Denied: CallDenied,
+    _types.CallError_UnknownFunction: UnknownFunction,
+}
+
+
+def _dumps(value: Any, what: str) -> str:
+    try:
+        return json.dumps(value, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as error:
+        raise Error(f"{what} cannot be encoded as JSON: {error}") from None
+
+
+class Event:
+    """An event: ``kind`` routes it, ``payload`` is its JSON, parsed."""
+
+    def __init__(self, kind: str, payload_json: str) -> None:
+        self.kind = kind
+        self.payload_json = payload_json
+
+    @property
+    def payload(self) -> Any:
+        """The payload parsed from JSON (``None`` for ``null``)."""
+        try:
+            return json.loads(self.payload_json)
+        except ValueError as error:
+            raise Error(f"the payload of event `{self.kind}` is not JSON: {error}") from None
+
+    def __repr__(self) -> str:
+        return f"Event(kind={self.kind!r}, payload={self.payload_json!r})"
+
+
+class Context:
+    """What an action can reach: durable calls, events, the key's memory, the host's log."""
+
+    @property
+    def key(self) -> str:
+        """The key of the input being processed (a user, a session, a ticket)."""
+        return _context.key()
+
+    @property
+    def sequence(self) -> int:
+        """The input's sequence number within its key, starting at 1."""
+        return _context.sequence()
+
+    def call(self, function: str, args: Any = None) -> Any:
+        """Calls ``function`` with ``args`` (anything ``json.dumps`` takes; ``None`` is
+        ``{}``) and returns its result parsed from JSON.
+
+        The first time a run reaches the call, the host runs the function and records the
+        result before returning it; a replay of the same input gets the record back.
+        Raises ``CallFailed``, ``CallDenied`` or ``UnknownFunction``.
+        """
+        args_json = _dumps({} if args is None else args, f"args for `{function}`")
+        result = self.call_json(function, args_json)
+        try:
+            return json.loads(result)
+        except ValueError as error:
+            raise Error(f"result of `{function}` is not JSON: {error}") from None
+
+    def call_json(self, function: str, args_json: str) -> str:
+        """``call`` with JSON text in and out."""
+        try:
+            return _durable.call(function, args_json)
+        except Err as err:
+            error = err.value
+            raise _CALL_ERRORS[type(error)](function, error.value) from None
+
+    def send(self, kind: str, payload: Any) -> None:
+        """Sends an event of ``kind``, delivered when the run completes: to the actions bound
+        to ``kind``, or out of the agent when ``kind`` is ``"output"``."""
+        _context.send(_types.Event(kind, _dumps(payload, f"the payload of `{kind}`")))
+
+    def output(self, payload: Any) -> None:
+        """Sends ``payload`` out of the agent: ``send("output", payload)``."""
+        self.send("output", payload)
+
+    def memory(self, name: str, default: Any = None) -> Any:
+        """The value of ``name`` in the key's memory as the run started, else ``default``."""
+        value = _context.memory_get(name)
+        if value is None:
+            return default
+        try:
+            return json.loads(value)
+        except ValueError as error:
+            raise Error(f"memory `{name}` is not JSON: {error}") from None
+
+    def set_memory(self, name: str, value: Any) -> None:
+        """Sets ``name`` in the key's memory when the run completes."""
+        _context.memory_set(name, _dumps(value, f"memory `{name}`"))
+
+    def log(self, level: Level, message: str) -> None:
+        """Writes ``message`` to the host's log, labelled with the run."""
+        _context.log(level, message)
+
+    def trace(self, message: str) -> None:
+        self.log(Level.TRACE, message)
+
+    def debug(self, message: str) -> None:
+        self.log(Level.DEBUG, message)
+
+    def info(self, message: str) -> None:
+        self.log(Level.INFO, message)
+
+    def warn(self, message: str) -> None:
+        self.log(Level.WARN, message)
+
+    def error(self, message: str) -> None:
+        self.log(Level.ERROR, message)
+
+
+class Action:
+    """An agent action: the code run for each event whose kind the action is bound to.
+
+    Returning from ``run`` completes the run: the events it sent and the memory it set are
+    applied. Raising fails it: its sends and memory writes are dropped and the exception's
+    text is reported by the host (``Error``'s message as is, any other exception with its
+    type's name). Durable calls it made stay recorded.
+    """
+
+    def run(self, ctx: Context, event: Event) -> None:
+        raise NotImplementedError
+
+
+def export(action: type) -> type:
+    """The world class for componentize-py: ``WitWorld = rewind.export(MyAction)``."""
+    if not (isinstance(action, type) and issubclass(action, Action)):
+        raise TypeError(f"rewind.export takes a subclass of rewind.Action, not {action!r}")
+
+    class Exported(wit_world.WitWorld):
+        def run(self, event: _types.Event) -> None:
+            try:
+                action().run(Context(), Event(event.kind, event.payload))
+            except Error as error:
+                raise Err(str(error)) from None
+            except Exception as error:  # noqa: BLE001 - every failure is the run's
+                raise Err(f"{type(error).__name__}: {error}") from None
+
+    Exported.__name__ = f"WitWorld[{action.__name__}]"
+    return Exported
