@@ -24,7 +24,9 @@
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
 
+use chacha20::ChaCha20Rng;
 use rand::RngCore as _;
+use rand_core::{Rng as _, SeedableRng as _};
 
 use crate::store::{Ambient, Digest, RandomKey, StateKey};
 
@@ -107,9 +109,8 @@ struct Sources {
 struct Read {
     wall: usize,
     monotonic: usize,
-    /// Bytes handed out of each random stream.
-    random: u64,
-    insecure: u64,
+    /// A random stream was read.
+    random: bool,
 }
 
 impl AmbientSource {
@@ -179,20 +180,16 @@ impl AmbientSource {
         nanos
     }
 
-    /// `wasi:random/random`: the next `buf.len()` bytes of the run's random stream.
-    pub fn fill_random(&self, buf: &mut [u8]) {
-        let mut sources = self.lock();
-        let key = sources.random_key();
-        stream(&key, b"wasi:random/random", sources.read.random, buf);
-        sources.read.random += buf.len() as u64;
-    }
-
-    /// `wasi:random/insecure`: the next `buf.len()` bytes of the run's insecure stream.
-    pub fn fill_insecure(&self, buf: &mut [u8]) {
-        let mut sources = self.lock();
-        let key = sources.random_key();
-        stream(&key, b"wasi:random/insecure", sources.read.insecure, buf);
-        sources.read.insecure += buf.len() as u64;
+    /// A random stream of this run, `wasi:random/random` or (`insecure`)
+    /// `wasi:random/insecure`, from its start. Its key is drawn when it is first read.
+    pub fn random_stream(&self, insecure: bool) -> RandomStream {
+        RandomStream {
+            source: self.clone(),
+            id: u64::from(insecure),
+            rng: None,
+            block: [0; 64],
+            used: 64,
+        }
     }
 
     /// `wasi:random/insecure-seed`: derived from the state's key, the same on every run.
@@ -224,7 +221,7 @@ impl AmbientSource {
         let values = &mut sources.values;
         values.wall.truncate(read.wall);
         values.monotonic.truncate(read.monotonic);
-        if read.random == 0 && read.insecure == 0 {
+        if !read.random {
             values.random_key = None;
         }
     }
@@ -239,6 +236,7 @@ impl AmbientSource {
 impl Sources {
     /// The key of the random streams: recorded, else drawn now (and to be written).
     fn random_key(&mut self) -> RandomKey {
+        self.read.random = true;
         if let Some(key) = self.values.random_key {
             return key;
         }
@@ -260,17 +258,41 @@ fn millis(ms: u64) -> u64 {
     ms.saturating_mul(1_000_000)
 }
 
-/// Bytes `at..at + out.len()` of the stream `name` of `key`: SHA-256 of the key, the name
-/// and a block number, block after block. However the reads are cut, the stream is the same.
-fn stream(key: &RandomKey, name: &[u8], at: u64, out: &mut [u8]) {
-    let mut done = 0;
-    while done < out.len() {
-        let position = at + done as u64;
-        let block = Digest::of(&[&key.0, name, &(position / 32).to_le_bytes()]);
-        let offset = (position % 32) as usize;
-        let n = (32 - offset).min(out.len() - done);
-        out[done..done + n].copy_from_slice(&block.0[offset..offset + n]);
-        done += n;
+/// One of a run's random streams: ChaCha20 keyed by the run's random key, stream 0 for
+/// `wasi:random/random` and 1 for `wasi:random/insecure`, handed out byte by byte in order,
+/// so that however a replay cuts its reads it reads the same bytes.
+#[derive(Debug)]
+pub struct RandomStream {
+    source: AmbientSource,
+    id: u64,
+    /// Made when the stream is first read.
+    rng: Option<ChaCha20Rng>,
+    block: [u8; 64],
+    /// Bytes of `block` already handed out.
+    used: usize,
+}
+
+impl RandomStream {
+    /// The stream's next `out.len()` bytes.
+    pub fn fill(&mut self, out: &mut [u8]) {
+        let rng = self.rng.get_or_insert_with(|| {
+            let key = self.source.lock().random_key();
+            let mut rng = ChaCha20Rng::from_seed(key.0);
+            rng.set_stream(self.id);
+            rng
+        });
+        let mut done = 0;
+        while done < out.len() {
+            if self.used == self.block.len() {
+                // Whole words: the generator never drops a partial one.
+                rng.fill_bytes(&mut self.block);
+                self.used = 0;
+            }
+            let n = (self.block.len() - self.used).min(out.len() - done);
+            out[done..done + n].copy_from_slice(&self.block[self.used..self.used + n]);
+            self.used += n;
+            done += n;
+        }
     }
 }
 
@@ -290,14 +312,15 @@ mod tests {
 
     /// What a run reads from each source, in an order a guest might.
     fn readings(source: &AmbientSource) -> (Vec<Duration>, Vec<u64>, Vec<u8>, Vec<u8>) {
-        let mut random = [0u8; 12];
+        let mut random = [0u8; 100];
         let mut insecure = [0u8; 5];
+        let (mut secure, mut weak) = (source.random_stream(false), source.random_stream(true));
         let wall = vec![source.wall_now(), source.wall_now()];
         let mut monotonic = vec![source.monotonic_now()];
-        source.fill_random(&mut random[..7]);
+        secure.fill(&mut random[..7]);
         monotonic.push(source.monotonic_now());
-        source.fill_random(&mut random[7..]);
-        source.fill_insecure(&mut insecure);
+        secure.fill(&mut random[7..]);
+        weak.fill(&mut insecure);
         (wall, monotonic, random.to_vec(), insecure.to_vec())
     }
 
@@ -320,13 +343,19 @@ mod tests {
     #[test]
     fn random_is_one_stream_however_a_replay_splits_its_reads() {
         let first = AmbientSource::new(&key("a"), Ambient::default());
-        let mut once = [0u8; 16];
-        first.fill_random(&mut once);
+        let mut once = [0u8; 150];
+        first.random_stream(false).fill(&mut once);
         let replay = AmbientSource::new(&key("a"), first.values());
-        let mut halves = [0u8; 16];
-        replay.fill_random(&mut halves[..3]);
-        replay.fill_random(&mut halves[3..]);
-        assert_eq!(halves, once);
+        let mut pieces = [0u8; 150];
+        let mut stream = replay.random_stream(false);
+        for piece in pieces.chunks_mut(7) {
+            stream.fill(piece);
+        }
+        assert_eq!(pieces, once);
+        let mut insecure = [0u8; 150];
+        replay.random_stream(true).fill(&mut insecure);
+        assert_ne!(insecure, once, "the insecure stream is another stream");
+        assert_ne!(once, [0u8; 150]);
     }
 
     #[test]
@@ -371,19 +400,16 @@ mod tests {
     }
 
     #[test]
-    fn a_stream_is_the_same_however_it_is_cut() {
-        let key = RandomKey([7; 32]);
-        let mut whole = [0u8; 100];
-        stream(&key, b"random", 0, &mut whole);
-        let mut pieces = [0u8; 100];
-        stream(&key, b"random", 0, &mut pieces[..33]);
-        stream(&key, b"random", 33, &mut pieces[33..]);
-        assert_eq!(pieces, whole);
-        let mut other = [0u8; 100];
-        stream(&RandomKey([8; 32]), b"random", 0, &mut other);
-        assert_ne!(other, whole, "another key, another stream");
-        stream(&key, b"insecure", 0, &mut other);
-        assert_ne!(other, whole, "another name, another stream");
+    fn each_state_draws_its_own_random_key() {
+        let mut a = [0u8; 32];
+        let mut b = [0u8; 32];
+        AmbientSource::new(&key("a"), Ambient::default())
+            .random_stream(false)
+            .fill(&mut a);
+        AmbientSource::new(&key("a"), Ambient::default())
+            .random_stream(false)
+            .fill(&mut b);
+        assert_ne!(a, b, "a run without records draws a new key");
     }
 
     #[test]

@@ -7,7 +7,7 @@ mod ambient;
 mod call;
 pub mod digest;
 
-pub use ambient::{AmbientSource, SEED_ENV, Seeded, seed, seed_from_env};
+pub use ambient::{AmbientSource, RandomStream, SEED_ENV, Seeded, seed, seed_from_env};
 
 pub use call::{
     CallError, CallPolicy, CallStats, DivergencePolicy, DurableCalls, Fault, InDoubtPolicy,

@@ -47,8 +47,15 @@ pub enum LoadError {
     },
 }
 
-/// Bytes of each pooled memory, table and stack kept resident and reset in place.
+/// Bytes of each pooled table and stack kept resident and reset in place.
 const KEEP_RESIDENT: usize = 2 << 20;
+
+/// Bytes of each pooled linear memory kept resident and reset in place. Python's runtime
+/// dirties a few MiB of its heap in every run: resetting those pages in place rather than
+/// dropping them (and faulting them in again at the next run) took a trivial Python
+/// action's start + run from 2.1 to 1.6 ms (BENCHMARKS.md). Only pages a run touched stay
+/// resident.
+const MEMORY_KEEP_RESIDENT: usize = 64 << 20;
 
 /// How a [`Sandbox`] is set up.
 #[derive(Clone, Debug)]
@@ -102,7 +109,7 @@ impl SandboxBuilder {
             // those with memset (pagemap_scan finds which ones, on Linux 6.7+) is cheaper
             // than madvise, whose page faults and TLB flushes dominated an action's start.
             .pagemap_scan(Enabled::Auto)
-            .linear_memory_keep_resident(KEEP_RESIDENT)
+            .linear_memory_keep_resident(MEMORY_KEEP_RESIDENT)
             .table_keep_resident(KEEP_RESIDENT)
             .async_stack_keep_resident(KEEP_RESIDENT);
         let mut config = Config::new();

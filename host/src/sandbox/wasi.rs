@@ -14,7 +14,7 @@ use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
 use wasmtime_wasi::clocks::{HostMonotonicClock, HostWallClock};
 use wasmtime_wasi::{WasiCtx, WasiCtxBuilder};
 
-use crate::durable::AmbientSource;
+use crate::durable::{AmbientSource, RandomStream};
 
 /// Bytes of stdout (and of stderr) kept per run; what a guest writes past that is dropped
 /// (and counted), never an error the guest sees.
@@ -46,14 +46,8 @@ impl GuestWasi {
             .allow_ip_name_lookup(false)
             .wall_clock(Durable(ambient.clone()))
             .monotonic_clock(Durable(ambient.clone()))
-            .secure_random(Random {
-                source: ambient.clone(),
-                insecure: false,
-            })
-            .insecure_random(Random {
-                source: ambient.clone(),
-                insecure: true,
-            })
+            .secure_random(Random(ambient.random_stream(false)))
+            .insecure_random(Random(ambient.random_stream(true)))
             .insecure_random_seed(ambient.insecure_seed())
             .build();
         Self {
@@ -127,20 +121,7 @@ impl AsyncWrite for Capture {
 struct Durable(AmbientSource);
 
 /// One of the run's durable random streams: `wasi:random/random`, or `wasi:random/insecure`.
-struct Random {
-    source: AmbientSource,
-    insecure: bool,
-}
-
-impl Random {
-    fn fill(&self, bytes: &mut [u8]) {
-        if self.insecure {
-            self.source.fill_insecure(bytes);
-        } else {
-            self.source.fill_random(bytes);
-        }
-    }
-}
+struct Random(RandomStream);
 
 impl HostWallClock for Durable {
     fn resolution(&self) -> Duration {
@@ -167,18 +148,18 @@ impl rand_core::TryRng for Random {
 
     fn try_next_u32(&mut self) -> Result<u32, Infallible> {
         let mut bytes = [0u8; 4];
-        self.fill(&mut bytes);
+        self.0.fill(&mut bytes);
         Ok(u32::from_le_bytes(bytes))
     }
 
     fn try_next_u64(&mut self) -> Result<u64, Infallible> {
         let mut bytes = [0u8; 8];
-        self.fill(&mut bytes);
+        self.0.fill(&mut bytes);
         Ok(u64::from_le_bytes(bytes))
     }
 
     fn try_fill_bytes(&mut self, dst: &mut [u8]) -> Result<(), Infallible> {
-        self.fill(dst);
+        self.0.fill(dst);
         Ok(())
     }
 }
