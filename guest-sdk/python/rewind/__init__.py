@@ -90,6 +90,9 @@ _CALL_ERRORS = {
 }
 
 
+_NO_ARGS: Any = object()
+
+
 def _dumps(value: Any, what: str) -> str:
     try:
         return json.dumps(value, separators=(",", ":"), allow_nan=False)
@@ -129,15 +132,15 @@ class Context:
         """The input's sequence number within its key, starting at 1."""
         return _context.sequence()
 
-    def call(self, function: str, args: Any = None) -> Any:
-        """Calls ``function`` with ``args`` (anything ``json.dumps`` takes; ``None`` is
+    def call(self, function: str, args: Any = _NO_ARGS) -> Any:
+        """Calls ``function`` with ``args`` (anything ``json.dumps`` takes; without args,
         ``{}``) and returns its result parsed from JSON.
 
         The first time a run reaches the call, the host runs the function and records the
         result before returning it; a replay of the same input gets the record back.
         Raises ``CallFailed``, ``CallDenied`` or ``UnknownFunction``.
         """
-        args_json = _dumps({} if args is None else args, f"args for `{function}`")
+        args_json = _dumps({} if args is _NO_ARGS else args, f"args for `{function}`")
         result = self.call_json(function, args_json)
         try:
             return json.loads(result)

@@ -33,6 +33,7 @@ pub fn calls(
 ) -> DurableCalls {
     let policy = Arc::new(CallPolicy {
         calls_per_run: u32::MAX,
+        clock_readings_per_run: u32::MAX,
         ..CallPolicy::default()
     });
     DurableCalls::new(Arc::clone(store), Arc::clone(functions), policy, state)

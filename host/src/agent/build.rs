@@ -187,6 +187,7 @@ impl AgentBuilder {
                 divergence_by_function,
                 in_doubt_by_function,
                 calls_per_run: config.limits.calls_per_run,
+                clock_readings_per_run: config.limits.clock_readings_per_run,
             }),
             limits: config.limits,
             parallelism: config.parallelism,

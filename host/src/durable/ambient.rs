@@ -42,6 +42,20 @@ pub struct Seeded {
     pub epoch_ms: u64,
 }
 
+impl Seeded {
+    /// The epoch when none is given: 2026-01-01T00:00:00Z.
+    pub const DEFAULT_EPOCH_MS: u64 = 1_767_225_600_000;
+}
+
+impl Default for Seeded {
+    fn default() -> Self {
+        Self {
+            seed: 0,
+            epoch_ms: Self::DEFAULT_EPOCH_MS,
+        }
+    }
+}
+
 impl std::fmt::Display for Seeded {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}@{}", self.seed, self.epoch_ms)
@@ -52,7 +66,10 @@ impl std::str::FromStr for Seeded {
     type Err = String;
 
     fn from_str(text: &str) -> Result<Self, String> {
-        let (seed, epoch_ms) = text.split_once('@').unwrap_or((text, "1767225600000"));
+        let (seed, epoch_ms) = match text.split_once('@') {
+            Some((seed, epoch_ms)) => (seed, Some(epoch_ms)),
+            None => (text, None),
+        };
         let number = |part: &str, what: &str| {
             part.trim().parse::<u64>().map_err(|e| {
                 format!("{SEED_ENV}={text:?}: the {what} is not a whole number ({e}); expected SEED[@EPOCH_MS]")
@@ -60,7 +77,10 @@ impl std::str::FromStr for Seeded {
         };
         Ok(Self {
             seed: number(seed, "seed")?,
-            epoch_ms: number(epoch_ms, "epoch")?,
+            epoch_ms: match epoch_ms {
+                Some(epoch_ms) => number(epoch_ms, "epoch")?,
+                None => Self::DEFAULT_EPOCH_MS,
+            },
         })
     }
 }
@@ -100,6 +120,12 @@ struct Sources {
     /// it continues from the last recorded reading instead of this process's clock.
     monotonic_base: u64,
     since: Instant,
+    /// This run has read the monotonic clock past its records.
+    monotonic_live: bool,
+    /// Clock readings a run may take, both clocks together.
+    limit: usize,
+    /// A reading past `limit` was asked for (and not recorded).
+    exceeded: bool,
     /// Digest of the state's key: the insecure seed, and what a seeded random key is
     /// derived from.
     state: Digest,
@@ -114,8 +140,9 @@ struct Read {
 }
 
 impl AmbientSource {
-    /// The sources of a run of the state at `key` whose records so far are `values`.
-    pub fn new(key: &StateKey, values: Ambient) -> Self {
+    /// The sources of a run of the state at `key` whose records so far are `values`, that
+    /// may take `limit` clock readings.
+    pub fn new(key: &StateKey, values: Ambient, limit: u32) -> Self {
         let seed = super::digest::state_digest(key, b"wasi:random/insecure-seed");
         Self(Arc::new(Mutex::new(Sources {
             values,
@@ -123,6 +150,9 @@ impl AmbientSource {
             unwritten: false,
             monotonic_base: 0,
             since: Instant::now(),
+            monotonic_live: false,
+            limit: usize::try_from(limit).unwrap_or(usize::MAX),
+            exceeded: false,
             state: seed,
         })))
     }
@@ -132,8 +162,10 @@ impl AmbientSource {
         let mut sources = self.lock();
         let at = sources.read.wall;
         sources.read.wall += 1;
-        let nanos = match sources.values.wall.get(at) {
-            Some(&nanos) => nanos,
+        let recorded = sources.values.wall.get(at).copied();
+        let nanos = match recorded {
+            Some(nanos) => nanos,
+            None if sources.over_limit() => sources.values.wall.last().copied().unwrap_or(0),
             None => {
                 let nanos = match SEEDED.get() {
                     Some(seeded) => millis(seeded.epoch_ms.saturating_add(at as u64)),
@@ -161,16 +193,23 @@ impl AmbientSource {
         if let Some(&nanos) = sources.values.monotonic.get(at) {
             return nanos;
         }
-        if let Some(_seeded) = SEEDED.get() {
-            let nanos = millis(at as u64 + 1);
+        if sources.over_limit() {
+            return sources.values.monotonic.last().copied().unwrap_or(0);
+        }
+        if SEEDED.get().is_some() {
+            let last = sources.values.monotonic.last().copied().unwrap_or(0);
+            let nanos = millis(at as u64 + 1).max(last);
             sources.values.monotonic.push(nanos);
             sources.unwritten = true;
             return nanos;
         }
-        if at > 0 && at == sources.values.monotonic.len() {
-            // The first live reading after recorded ones: continue from the last of them.
-            sources.monotonic_base = sources.values.monotonic[at - 1];
-            sources.since = Instant::now();
+        if !sources.monotonic_live {
+            // The first live reading: continue from the last recorded one, if any.
+            sources.monotonic_live = true;
+            if let Some(&last) = sources.values.monotonic.last() {
+                sources.monotonic_base = last;
+                sources.since = Instant::now();
+            }
         }
         let elapsed = u64::try_from(sources.since.elapsed().as_nanos()).unwrap_or(u64::MAX);
         let last = sources.values.monotonic.last().copied().unwrap_or(0);
@@ -199,6 +238,11 @@ impl AmbientSource {
         u128::from_le_bytes(head)
     }
 
+    /// Whether the run asked for a clock reading past its limit.
+    pub fn exceeded(&self) -> bool {
+        self.lock().exceeded
+    }
+
     /// Whether values were read live since the state was last written.
     pub fn unwritten(&self) -> bool {
         self.lock().unwritten
@@ -214,7 +258,8 @@ impl AmbientSource {
         self.lock().unwritten = false;
     }
 
-    /// Drops recorded readings this run did not take: they belong to an older version of it.
+    /// Drops recorded readings this run did not take: they belong to an older version of it
+    /// (at completion, or when the run diverged from its records).
     pub(super) fn keep_read(&self) {
         let mut sources = self.lock();
         let read = sources.read;
@@ -234,6 +279,14 @@ impl AmbientSource {
 }
 
 impl Sources {
+    /// Whether a new reading would pass the limit; notes that one was asked for.
+    fn over_limit(&mut self) -> bool {
+        if self.values.wall.len() + self.values.monotonic.len() >= self.limit {
+            self.exceeded = true;
+        }
+        self.exceeded
+    }
+
     /// The key of the random streams: recorded, else drawn now (and to be written).
     fn random_key(&mut self) -> RandomKey {
         self.read.random = true;
@@ -326,7 +379,7 @@ mod tests {
 
     #[test]
     fn a_replay_reads_what_the_first_run_read() {
-        let first = AmbientSource::new(&key("a"), Ambient::default());
+        let first = AmbientSource::new(&key("a"), Ambient::default(), u32::MAX);
         let seen = readings(&first);
         assert!(first.unwritten(), "live values wait for the next write");
         let recorded = first.values();
@@ -334,7 +387,7 @@ mod tests {
         assert!(!first.unwritten());
 
         std::thread::sleep(Duration::from_millis(2));
-        let replay = AmbientSource::new(&key("a"), recorded.clone());
+        let replay = AmbientSource::new(&key("a"), recorded.clone(), u32::MAX);
         assert_eq!(readings(&replay), seen);
         assert!(!replay.unwritten(), "nothing was read live");
         assert_eq!(replay.values(), recorded);
@@ -342,10 +395,10 @@ mod tests {
 
     #[test]
     fn random_is_one_stream_however_a_replay_splits_its_reads() {
-        let first = AmbientSource::new(&key("a"), Ambient::default());
+        let first = AmbientSource::new(&key("a"), Ambient::default(), u32::MAX);
         let mut once = [0u8; 150];
         first.random_stream(false).fill(&mut once);
-        let replay = AmbientSource::new(&key("a"), first.values());
+        let replay = AmbientSource::new(&key("a"), first.values(), u32::MAX);
         let mut pieces = [0u8; 150];
         let mut stream = replay.random_stream(false);
         for piece in pieces.chunks_mut(7) {
@@ -360,9 +413,9 @@ mod tests {
 
     #[test]
     fn reading_past_the_records_goes_live_and_is_kept() {
-        let first = AmbientSource::new(&key("a"), Ambient::default());
+        let first = AmbientSource::new(&key("a"), Ambient::default(), u32::MAX);
         let wall = first.wall_now();
-        let replay = AmbientSource::new(&key("a"), first.values());
+        let replay = AmbientSource::new(&key("a"), first.values(), u32::MAX);
         assert_eq!(replay.wall_now(), wall);
         assert!(!replay.unwritten());
         let later = replay.wall_now();
@@ -377,7 +430,7 @@ mod tests {
             monotonic: vec![5_000_000_000, 9_000_000_000],
             ..Ambient::default()
         };
-        let replay = AmbientSource::new(&key("a"), recorded);
+        let replay = AmbientSource::new(&key("a"), recorded, u32::MAX);
         assert_eq!(replay.monotonic_now(), 5_000_000_000);
         assert_eq!(replay.monotonic_now(), 9_000_000_000);
         let live = replay.monotonic_now();
@@ -387,14 +440,56 @@ mod tests {
     }
 
     #[test]
-    fn the_insecure_seed_is_the_states_own() {
-        let seed = AmbientSource::new(&key("a"), Ambient::default()).insecure_seed();
+    fn live_monotonic_readings_advance_with_time_before_and_after_records() {
+        let first = AmbientSource::new(&key("a"), Ambient::default(), u32::MAX);
+        let start = first.monotonic_now();
+        std::thread::sleep(Duration::from_millis(5));
+        let later = first.monotonic_now();
+        assert!(later - start >= 5_000_000, "{start} then {later}");
+
+        let replay = AmbientSource::new(&key("a"), first.values(), u32::MAX);
         assert_eq!(
-            AmbientSource::new(&key("a"), Ambient::default()).insecure_seed(),
+            (replay.monotonic_now(), replay.monotonic_now()),
+            (start, later)
+        );
+        let live = replay.monotonic_now();
+        std::thread::sleep(Duration::from_millis(5));
+        let after = replay.monotonic_now();
+        assert!(
+            live >= later && after - live >= 5_000_000,
+            "{live} then {after}"
+        );
+    }
+
+    #[test]
+    fn readings_past_the_limit_are_not_recorded_and_say_so() {
+        let source = AmbientSource::new(&key("a"), Ambient::default(), 3);
+        let (wall, monotonic) = (source.wall_now(), source.monotonic_now());
+        source.wall_now();
+        assert!(!source.exceeded());
+        assert_eq!(
+            source.wall_now(),
+            Duration::from_nanos(source.values().wall[1]),
+            "the clock stops"
+        );
+        assert_eq!(source.monotonic_now(), monotonic);
+        assert!(source.exceeded());
+        assert_eq!(
+            source.values().wall.len() + source.values().monotonic.len(),
+            3
+        );
+        assert!(wall.as_nanos() > 0);
+    }
+
+    #[test]
+    fn the_insecure_seed_is_the_states_own() {
+        let seed = AmbientSource::new(&key("a"), Ambient::default(), u32::MAX).insecure_seed();
+        assert_eq!(
+            AmbientSource::new(&key("a"), Ambient::default(), u32::MAX).insecure_seed(),
             seed
         );
         assert_ne!(
-            AmbientSource::new(&key("b"), Ambient::default()).insecure_seed(),
+            AmbientSource::new(&key("b"), Ambient::default(), u32::MAX).insecure_seed(),
             seed
         );
     }
@@ -403,10 +498,10 @@ mod tests {
     fn each_state_draws_its_own_random_key() {
         let mut a = [0u8; 32];
         let mut b = [0u8; 32];
-        AmbientSource::new(&key("a"), Ambient::default())
+        AmbientSource::new(&key("a"), Ambient::default(), u32::MAX)
             .random_stream(false)
             .fill(&mut a);
-        AmbientSource::new(&key("a"), Ambient::default())
+        AmbientSource::new(&key("a"), Ambient::default(), u32::MAX)
             .random_stream(false)
             .fill(&mut b);
         assert_ne!(a, b, "a run without records draws a new key");
@@ -417,7 +512,10 @@ mod tests {
         let seeded: Seeded = "42@1000".parse().expect("parses");
         assert_eq!((seeded.seed, seeded.epoch_ms), (42, 1000));
         assert_eq!(seeded.to_string().parse::<Seeded>(), Ok(seeded));
-        assert_eq!("42".parse::<Seeded>().map(|s| s.seed), Ok(42));
+        assert_eq!(
+            "42".parse::<Seeded>().map(|s| s.epoch_ms),
+            Ok(Seeded::DEFAULT_EPOCH_MS)
+        );
         let error = "x@1".parse::<Seeded>().expect_err("not a number");
         assert!(
             error.contains("REWIND_AMBIENT_SEED") && error.contains("seed"),
@@ -427,9 +525,9 @@ mod tests {
 
     #[test]
     fn values_a_run_did_not_read_are_dropped_at_completion() {
-        let first = AmbientSource::new(&key("a"), Ambient::default());
+        let first = AmbientSource::new(&key("a"), Ambient::default(), u32::MAX);
         readings(&first);
-        let replay = AmbientSource::new(&key("a"), first.values());
+        let replay = AmbientSource::new(&key("a"), first.values(), u32::MAX);
         replay.wall_now();
         replay.keep_read();
         let kept = replay.values();

@@ -50,6 +50,8 @@ pub struct CallPolicy {
     pub in_doubt_by_function: BTreeMap<String, InDoubtPolicy>,
     /// Durable calls one run may make, replayed ones included.
     pub calls_per_run: u32,
+    /// Clock readings one run may take, replayed ones included.
+    pub clock_readings_per_run: u32,
 }
 
 impl CallPolicy {
@@ -109,6 +111,8 @@ pub enum Fault {
     },
     #[error("limit exceeded: calls-per-run ({limit})")]
     CallLimit { limit: u32 },
+    #[error("limit exceeded: clock-readings-per-run ({limit})")]
+    ClockReadingLimit { limit: u32 },
     #[error("durable call `{function}`: args are not valid JSON: {message}")]
     InvalidArgs { function: String, message: String },
     #[error("durable call `{function}` (idempotency key {idempotency_key}): {message}")]
@@ -167,7 +171,11 @@ impl DurableCalls {
         policy: Arc<CallPolicy>,
         mut state: ActionState,
     ) -> Self {
-        let ambient = AmbientSource::new(&state.key, std::mem::take(&mut state.ambient));
+        let ambient = AmbientSource::new(
+            &state.key,
+            std::mem::take(&mut state.ambient),
+            policy.clock_readings_per_run,
+        );
         Self {
             store,
             functions,
@@ -203,6 +211,7 @@ impl DurableCalls {
         function: &str,
         args: &str,
     ) -> Result<Result<String, CallError>, Fault> {
+        self.readings_within_limit()?;
         if self.made >= self.policy.calls_per_run {
             return Err(Fault::CallLimit {
                 limit: self.policy.calls_per_run,
@@ -308,6 +317,17 @@ impl DurableCalls {
         }
     }
 
+    /// Nothing leaves the run once it read the clock past its limit: the readings past it
+    /// were not recorded.
+    fn readings_within_limit(&self) -> Result<(), Fault> {
+        if self.ambient.exceeded() {
+            return Err(Fault::ClockReadingLimit {
+                limit: self.policy.clock_readings_per_run,
+            });
+        }
+        Ok(())
+    }
+
     /// Makes the call live and records its outcome at `index`.
     async fn run(
         &mut self,
@@ -395,6 +415,8 @@ impl DurableCalls {
                     recorded.function,
                 );
                 self.state.calls.truncate(index);
+                // Readings the old run took past this point are not this run's to replay.
+                self.ambient.keep_read();
                 self.write().await?;
                 self.stats.truncated += dropped as u64;
                 Ok(())
@@ -404,6 +426,7 @@ impl DurableCalls {
 
     /// Records that the run completed, with what it sent and wrote; returns the final state.
     pub async fn complete(mut self, completion: Completion) -> Result<ActionState, Fault> {
+        self.readings_within_limit()?;
         // Records past the last call this run made belong to an older version of the run.
         self.state.calls.truncate(self.next);
         self.ambient.keep_read();

@@ -19,6 +19,9 @@ pub struct Limits {
     pub timeout_ms: u64,
     /// Durable calls one run may make, replayed ones included. Default 64.
     pub calls_per_run: u32,
+    /// Wall-clock and monotonic-clock readings one run may take, replayed ones included;
+    /// each is kept in the run's state. Default 10,000.
+    pub clock_readings_per_run: u32,
 }
 
 impl Default for Limits {
@@ -28,6 +31,7 @@ impl Default for Limits {
             fuel: 2_000_000_000,
             timeout_ms: 30_000,
             calls_per_run: 64,
+            clock_readings_per_run: 10_000,
         }
     }
 }
@@ -49,6 +53,7 @@ pub enum Limit {
     Fuel { fuel: u64 },
     Timeout { ms: u64 },
     CallsPerRun { calls: u32 },
+    ClockReadings { readings: u32 },
 }
 
 impl fmt::Display for Limit {
@@ -58,6 +63,9 @@ impl fmt::Display for Limit {
             Self::Fuel { fuel } => write!(f, "fuel ({fuel} units of CPU)"),
             Self::Timeout { ms } => write!(f, "timeout-ms ({ms} ms)"),
             Self::CallsPerRun { calls } => write!(f, "calls-per-run ({calls})"),
+            Self::ClockReadings { readings } => {
+                write!(f, "clock-readings-per-run ({readings})")
+            }
         }
     }
 }

@@ -164,6 +164,17 @@ pub(super) async fn run(engine: &Engine, pre: &ActionPre<RunState>, input: RunIn
         }
     };
     let state = store.into_data();
+    // A run that read the clock past its limit does not complete: those readings were not
+    // recorded, and what it would send may hold them.
+    let result = result.and_then(|()| {
+        if state.durable.ambient().exceeded() {
+            Err(RunError::Limit(Limit::ClockReadings {
+                readings: limits.clock_readings_per_run,
+            }))
+        } else {
+            Ok(())
+        }
+    });
     log_output(&state);
     RunOutput {
         result,
@@ -182,6 +193,9 @@ fn classify(
     if let Some(fault) = state.fault.take() {
         return match fault {
             Fault::CallLimit { limit } => RunError::Limit(Limit::CallsPerRun { calls: limit }),
+            Fault::ClockReadingLimit { limit } => {
+                RunError::Limit(Limit::ClockReadings { readings: limit })
+            }
             fault => RunError::Fault(fault),
         };
     }

@@ -59,6 +59,10 @@ struct KeyCount {
     requests: u64,
     /// The answer its first request got, when it took effect (not 5xx).
     answer: Option<(u16, String)>,
+    /// The body of its first request.
+    body: Option<Bytes>,
+    /// A later request carried another body.
+    changed: bool,
 }
 
 #[derive(Debug, Default)]
@@ -132,6 +136,19 @@ impl Simulator {
             .collect()
     }
 
+    /// The (function, idempotency key) pairs whose requests did not all carry the same
+    /// arguments: a call made again that is not the same call.
+    pub fn changed(&self) -> Vec<(String, String)> {
+        self.shared
+            .keys
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter(|(_, count)| count.changed)
+            .map(|(key, _)| key.clone())
+            .collect()
+    }
+
     /// Reconcile questions answered.
     pub fn asks(&self) -> u64 {
         self.shared.asks.load(Ordering::SeqCst)
@@ -190,6 +207,10 @@ async fn answer(
         let mut keys = shared.keys.lock().unwrap_or_else(|p| p.into_inner());
         let count = keys.entry(slot.clone()).or_default();
         count.requests += 1;
+        match &count.body {
+            None => count.body = Some(body.clone()),
+            Some(first) => count.changed |= *first != body,
+        }
         if let Some((status, body)) = &count.answer {
             return (status_code(*status), body.clone());
         }

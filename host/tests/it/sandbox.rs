@@ -75,6 +75,28 @@ async fn a_run_may_make_only_calls_per_run_calls() {
 }
 
 #[tokio::test]
+async fn a_run_may_take_only_clock_readings_per_run_readings() {
+    // The caller's `ambient` reads the wall clock once and the monotonic clock twice.
+    let toml = agent_toml("caller", "", "[limits]\nclock-readings-per-run = 2\n");
+    let agent = agent_with(&toml, memory_store(), &[]);
+    let report = agent
+        .process(&input("k", 1, json!({ "ambient": true })))
+        .await;
+    let error = error_of(&report);
+    assert!(
+        error.contains("limit exceeded: clock-readings-per-run (2)"),
+        "{error}"
+    );
+    assert!(report.outputs.is_empty());
+
+    let roomy = agent_toml("caller", "", "[limits]\nclock-readings-per-run = 3\n");
+    let report = agent_with(&roomy, memory_store(), &[])
+        .process(&input("k", 1, json!({ "ambient": true })))
+        .await;
+    assert!(report.error.is_none(), "{report:?}");
+}
+
+#[tokio::test]
 async fn a_guest_cannot_read_files() {
     let report = hostile("read-file", "").await;
     assert!(report.error.is_none(), "{report:?}");

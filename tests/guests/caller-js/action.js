@@ -42,10 +42,9 @@ export const run = action((ctx, event) => {
 
   const results = [];
   for (const call of script.calls ?? []) {
-    const args = { ...(call.args ?? {}) };
-    if (script.stamp_calls) {
-      args.stamped_at = Date.now();
-      args.nonce = Math.floor(Math.random() * 2 ** 52);
+    let args = call.args === undefined ? {} : call.args;
+    if (script.stamp_calls && args !== null && typeof args === 'object' && !Array.isArray(args)) {
+      args = { ...args, stamped_at: Date.now(), nonce: Math.floor(Math.random() * 2 ** 52) };
     }
     results.push(outcome(ctx, call.function, args));
   }
@@ -65,7 +64,7 @@ export const run = action((ctx, event) => {
   if (script.fail !== undefined && script.fail !== null) {
     throw new RewindError(script.fail);
   }
-  if (script.output ?? true) {
+  if (script.output !== false) {
     const output = {
       kind: event.kind,
       key: ctx.key,

@@ -40,10 +40,9 @@ class Caller(rewind.Action):
 
         results = []
         for call in script.get("calls", []):
-            args = dict(call.get("args", {}))
-            if script.get("stamp_calls"):
-                args["stamped_at"] = time.time_ns()
-                args["nonce"] = random.getrandbits(64)
+            args = call.get("args", {})
+            if script.get("stamp_calls") and isinstance(args, dict):
+                args = dict(args, stamped_at=time.time_ns(), nonce=random.getrandbits(64))
             results.append(_outcome(ctx, call["function"], args))
 
         for name, value in script.get("memory_set", {}).items():
@@ -55,7 +54,7 @@ class Caller(rewind.Action):
 
         if script.get("fail") is not None:
             raise rewind.Error(script["fail"])
-        if script.get("output", True):
+        if script.get("output") is not False:
             output = {
                 "kind": event.kind,
                 "key": ctx.key,
