@@ -22,5 +22,6 @@ pub mod event;
 pub mod functions;
 pub mod log;
 pub mod sandbox;
+pub mod server;
 pub mod store;
 pub mod testing;

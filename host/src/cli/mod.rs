@@ -3,6 +3,7 @@
 mod check;
 mod inspect;
 mod run;
+mod serve;
 mod state;
 mod test;
 
@@ -40,6 +41,8 @@ enum Command {
     /// Kill an agent's run at every durable boundary in turn, recover, and compare with an
     /// uninterrupted run.
     Test(test::TestArgs),
+    /// Serve the multi-tenant HTTP API.
+    Serve(serve::ServeArgs),
 }
 
 pub fn init_tracing(verbose: u8) {
@@ -70,5 +73,6 @@ pub async fn main(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Check(args) => check::check(args, sandbox()?),
         Command::Inspect(args) => inspect::inspect(args).await,
         Command::Test(args) => test::test(args, cli.cache_dir.clone()).await,
+        Command::Serve(args) => serve::serve(args).await,
     }
 }

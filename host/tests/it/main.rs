@@ -16,4 +16,5 @@ mod model;
 mod polyglot;
 mod recovery;
 mod sandbox;
+mod serve;
 mod store;

@@ -1,0 +1,55 @@
+//! `rewind serve`: the multi-tenant server (`rewind_host::server`).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::Args;
+use rewind_host::server::{ServerConfig, ServerState, Tenants};
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// The server's configuration.
+    #[arg(long, default_value = "rewind.toml")]
+    config: PathBuf,
+}
+
+pub async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
+    let config = ServerConfig::load(&args.config)?;
+    let admin = config.admin_token(&args.config)?;
+    let tenants = Tenants::open(&config.state_dir)?;
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .with_context(|| format!("listening on {}", config.listen))?;
+    let address = listener.local_addr()?;
+    eprintln!("rewind serve: listening on http://{address}");
+    rewind_host::server::serve(
+        listener,
+        Arc::new(ServerState::new(tenants, &admin)),
+        shutdown(),
+    )
+    .await
+    .context("serving")?;
+    eprintln!("rewind serve: stopped");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// SIGINT or SIGTERM.
+async fn shutdown() {
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(e) => {
+                tracing::warn!("cannot listen for SIGTERM: {e}");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        () = terminate => {}
+    }
+}

@@ -1,0 +1,210 @@
+//! The routes, authentication, and errors as JSON: `{"error": "...", "code": "..."}`.
+
+use std::sync::Arc;
+
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::json;
+
+use super::ServerState;
+use super::tenants::{TenantError, hash};
+
+/// The API's routes over `state`.
+pub fn router(state: Arc<ServerState>) -> Router {
+    Router::new()
+        .route("/v1/tenants", post(create_tenant))
+        .route("/v1/tenants/{tenant}", get(show_tenant))
+        .route("/v1/tenants/{tenant}/tokens", post(issue_token))
+        .fallback(not_found)
+        .with_state(state)
+}
+
+/// Who made a request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Caller {
+    Admin,
+    Tenant(String),
+}
+
+/// An error response.
+#[derive(Debug)]
+struct ApiError {
+    status: StatusCode,
+    code: &'static str,
+    message: String,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+
+    fn unauthorized() -> Self {
+        Self::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "a valid token is required: Authorization: Bearer <token>",
+        )
+    }
+
+    /// The same answer whether or not what was asked for exists.
+    fn forbidden() -> Self {
+        Self::new(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            "this token does not reach that tenant",
+        )
+    }
+
+    fn admin_only() -> Self {
+        Self::new(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            "only the admin token may do this",
+        )
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut response = (
+            self.status,
+            Json(json!({ "error": self.message, "code": self.code })),
+        )
+            .into_response();
+        if self.status == StatusCode::UNAUTHORIZED {
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        response
+    }
+}
+
+impl From<TenantError> for ApiError {
+    fn from(error: TenantError) -> Self {
+        let (status, code) = match &error {
+            TenantError::BadName(_) => (StatusCode::BAD_REQUEST, "bad-name"),
+            TenantError::Exists(_) => (StatusCode::CONFLICT, "exists"),
+            TenantError::Missing(_) => (StatusCode::NOT_FOUND, "not-found"),
+            TenantError::Unreadable { .. } | TenantError::Write { .. } => {
+                tracing::error!("tenant registry: {error}");
+                return Self::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "internal",
+                    "the server could not record this; try again",
+                );
+            }
+        };
+        Self::new(status, code, error.to_string())
+    }
+}
+
+/// Authenticates a request by its bearer token.
+fn caller(state: &ServerState, headers: &HeaderMap) -> Result<Caller, ApiError> {
+    let token = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.strip_prefix("Bearer "))
+        .map(str::trim)
+        .filter(|token| !token.is_empty())
+        .ok_or_else(ApiError::unauthorized)?;
+    if same(&hash(token), &state.admin) {
+        return Ok(Caller::Admin);
+    }
+    state
+        .tenants
+        .tenant_of(token)
+        .map(Caller::Tenant)
+        .ok_or_else(ApiError::unauthorized)
+}
+
+/// The caller may act for `tenant`: the admin, or that tenant's own token.
+fn reaches(caller: &Caller, tenant: &str) -> Result<(), ApiError> {
+    match caller {
+        Caller::Admin => Ok(()),
+        Caller::Tenant(own) if own == tenant => Ok(()),
+        Caller::Tenant(_) => Err(ApiError::forbidden()),
+    }
+}
+
+/// Compares two digests in time that does not depend on where they differ.
+fn same(a: &[u8; 32], b: &[u8; 32]) -> bool {
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NewTenant {
+    name: String,
+}
+
+async fn create_tenant(
+    State(state): State<Arc<ServerState>>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Result<(StatusCode, Json<serde_json::Value>), ApiError> {
+    if caller(&state, &headers)? != Caller::Admin {
+        return Err(ApiError::admin_only());
+    }
+    let request: NewTenant = serde_json::from_slice(&body).map_err(|e| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "bad-request",
+            format!("expected {{\"name\": \"...\"}}: {e}"),
+        )
+    })?;
+    let token = state.tenants.create(&request.name)?;
+    Ok((
+        StatusCode::CREATED,
+        Json(json!({ "tenant": request.name, "token": token })),
+    ))
+}
+
+async fn issue_token(
+    State(state): State<Arc<ServerState>>,
+    Path(tenant): Path<String>,
+    headers: HeaderMap,
+) -> Result<(StatusCode, Json<serde_json::Value>), ApiError> {
+    if caller(&state, &headers)? != Caller::Admin {
+        return Err(ApiError::admin_only());
+    }
+    let token = state.tenants.issue(&tenant)?;
+    Ok((
+        StatusCode::CREATED,
+        Json(json!({ "tenant": tenant, "token": token })),
+    ))
+}
+
+async fn show_tenant(
+    State(state): State<Arc<ServerState>>,
+    Path(tenant): Path<String>,
+    headers: HeaderMap,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let caller = caller(&state, &headers)?;
+    reaches(&caller, &tenant)?;
+    if !state.tenants.exists(&tenant) {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not-found",
+            format!("no tenant {tenant}"),
+        ));
+    }
+    Ok(Json(json!({ "tenant": tenant })))
+}
+
+async fn not_found(State(state): State<Arc<ServerState>>, headers: HeaderMap) -> ApiError {
+    // Authentication first: an unauthenticated caller learns nothing about the routes.
+    match caller(&state, &headers) {
+        Err(error) => error,
+        Ok(_) => ApiError::new(StatusCode::NOT_FOUND, "not-found", "no such route"),
+    }
+}

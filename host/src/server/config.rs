@@ -1,0 +1,169 @@
+//! `rewind.toml`: where the server listens, where it keeps its state, where its admin token
+//! comes from. Kebab-case keys; an unknown key is an error that names it.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+/// The server's configuration.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct ServerConfig {
+    /// Default 127.0.0.1:7070.
+    #[serde(default = "default_listen")]
+    pub listen: SocketAddr,
+    /// Every tenant's state, each in its own namespace. Relative to the config file.
+    /// Default `rewind-state` beside it.
+    #[serde(default = "default_state_dir")]
+    pub state_dir: PathBuf,
+    pub admin_token: AdminToken,
+}
+
+/// Where the admin token is read from: exactly one of the two.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct AdminToken {
+    /// The environment variable that holds it.
+    pub env: Option<String>,
+    /// A file that holds it (trailing whitespace ignored). Relative to the config file.
+    pub file: Option<PathBuf>,
+}
+
+/// The shortest admin token accepted.
+pub const MIN_ADMIN_TOKEN: usize = 16;
+
+fn default_listen() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 7070))
+}
+
+fn default_state_dir() -> PathBuf {
+    PathBuf::from("rewind-state")
+}
+
+/// Why the configuration cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read {path}: {error}")]
+    Read { path: String, error: std::io::Error },
+    #[error("{path}: {message}")]
+    Invalid { path: String, message: String },
+    #[error("{path}: the admin token: {message}")]
+    AdminToken { path: String, message: String },
+}
+
+impl ServerConfig {
+    /// Reads `path`; relative paths in it are made relative to its directory.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|error| ConfigError::Read {
+            path: path.display().to_string(),
+            error,
+        })?;
+        Self::parse(path, &text)
+    }
+
+    /// Parses `text`, read from `path`.
+    pub fn parse(path: &Path, text: &str) -> Result<Self, ConfigError> {
+        let mut config: Self = toml::from_str(text).map_err(|e| ConfigError::Invalid {
+            path: path.display().to_string(),
+            message: e.message().to_owned()
+                + &e.span()
+                    .map(|span| format!(" (at byte {})", span.start))
+                    .unwrap_or_default(),
+        })?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        config.state_dir = base.join(&config.state_dir);
+        if let Some(file) = &mut config.admin_token.file {
+            *file = base.join(&*file);
+        }
+        match (&config.admin_token.env, &config.admin_token.file) {
+            (Some(_), None) | (None, Some(_)) => Ok(config),
+            _ => Err(ConfigError::AdminToken {
+                path: path.display().to_string(),
+                message: "set exactly one of `env` and `file` in [admin-token]".to_owned(),
+            }),
+        }
+    }
+
+    /// The admin token, from the environment or its file; refused when shorter than
+    /// [`MIN_ADMIN_TOKEN`] characters.
+    pub fn admin_token(&self, config_path: &Path) -> Result<String, ConfigError> {
+        let error = |message: String| ConfigError::AdminToken {
+            path: config_path.display().to_string(),
+            message,
+        };
+        let token = match (&self.admin_token.env, &self.admin_token.file) {
+            (Some(var), _) => std::env::var(var)
+                .map_err(|_| error(format!("the environment variable {var} is not set")))?,
+            (None, Some(file)) => std::fs::read_to_string(file)
+                .map_err(|e| error(format!("cannot read {}: {e}", file.display())))?,
+            (None, None) => return Err(error("no source".to_owned())),
+        };
+        let token = token.trim_end().to_owned();
+        if token.chars().count() < MIN_ADMIN_TOKEN {
+            return Err(error(format!(
+                "it is {} characters; use at least {MIN_ADMIN_TOKEN}",
+                token.chars().count()
+            )));
+        }
+        Ok(token)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_and_relative_paths() {
+        let config = ServerConfig::parse(
+            Path::new("/etc/rewind/rewind.toml"),
+            "[admin-token]\nfile = \"admin.token\"\n",
+        )
+        .expect("parses");
+        assert_eq!(config.listen, default_listen());
+        assert_eq!(config.state_dir, Path::new("/etc/rewind/rewind-state"));
+        assert_eq!(
+            config.admin_token.file.as_deref(),
+            Some(Path::new("/etc/rewind/admin.token"))
+        );
+    }
+
+    #[test]
+    fn an_unknown_key_is_named() {
+        let error = ServerConfig::parse(
+            Path::new("rewind.toml"),
+            "listne = \"127.0.0.1:1\"\n[admin-token]\nenv = \"T\"\n",
+        )
+        .expect_err("unknown key")
+        .to_string();
+        assert!(
+            error.contains("listne") && error.contains("rewind.toml"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn the_admin_token_has_exactly_one_source_and_a_length() {
+        let both = "[admin-token]\nenv = \"T\"\nfile = \"t\"\n";
+        let error = ServerConfig::parse(Path::new("r.toml"), both).expect_err("two sources");
+        assert!(error.to_string().contains("exactly one"), "{error}");
+
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("admin.token");
+        std::fs::write(&file, "short\n").expect("write");
+        let path = dir.path().join("rewind.toml");
+        let config =
+            ServerConfig::parse(&path, "[admin-token]\nfile = \"admin.token\"\n").expect("parses");
+        let error = config
+            .admin_token(&path)
+            .expect_err("too short")
+            .to_string();
+        assert!(error.contains("5 characters"), "{error}");
+        std::fs::write(&file, "a-long-enough-admin-token\n").expect("write");
+        assert_eq!(
+            config.admin_token(&path).expect("read"),
+            "a-long-enough-admin-token"
+        );
+    }
+}

@@ -1,0 +1,235 @@
+//! `rewind serve` (issue #6, first part): tenants, tokens and who may reach what.
+
+use std::io::{BufRead as _, BufReader};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+
+use reqwest::StatusCode;
+use rewind_host::server::{ServerState, Tenants};
+use serde_json::{Value, json};
+
+const ADMIN: &str = "admin-token-for-the-tests";
+
+/// A server on an ephemeral port over `state_dir`; its base URL.
+async fn start(state_dir: &std::path::Path) -> String {
+    let tenants = Tenants::open(state_dir).expect("the registry opens");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let state = Arc::new(ServerState::new(tenants, ADMIN));
+    tokio::spawn(rewind_host::server::serve(
+        listener,
+        state,
+        std::future::pending(),
+    ));
+    format!("http://{addr}")
+}
+
+async fn send(request: reqwest::RequestBuilder, token: Option<&str>) -> (StatusCode, Value) {
+    let request = match token {
+        Some(token) => request.bearer_auth(token),
+        None => request,
+    };
+    let response = request.send().await.expect("the server answers");
+    let status = response.status();
+    let body = response.json().await.unwrap_or(Value::Null);
+    (status, body)
+}
+
+async fn create(client: &reqwest::Client, base: &str, name: &str) -> String {
+    let (status, body) = send(
+        client
+            .post(format!("{base}/v1/tenants"))
+            .json(&json!({ "name": name })),
+        Some(ADMIN),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    body["token"].as_str().expect("a token").to_owned()
+}
+
+#[tokio::test]
+async fn every_request_needs_a_valid_token() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let base = start(dir.path()).await;
+    let client = reqwest::Client::new();
+    for token in [
+        None,
+        Some(""),
+        Some("rwt_0000"),
+        Some("admin-token-for-the-test"),
+    ] {
+        for url in ["/v1/tenants/acme", "/v1/no-such-route"] {
+            let (status, body) = send(client.get(format!("{base}{url}")), token).await;
+            assert_eq!(status, StatusCode::UNAUTHORIZED, "{url} {token:?}: {body}");
+            assert_eq!(body["code"], "unauthorized");
+        }
+        let (status, _) = send(
+            client
+                .post(format!("{base}/v1/tenants"))
+                .json(&json!({ "name": "x" })),
+            token,
+        )
+        .await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED);
+    }
+}
+
+#[tokio::test]
+async fn a_tenant_token_reaches_only_its_tenant_and_guesses_fail_like_others() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let base = start(dir.path()).await;
+    let client = reqwest::Client::new();
+    let acme = create(&client, &base, "acme").await;
+    let _globex = create(&client, &base, "globex").await;
+
+    let (status, body) = send(client.get(format!("{base}/v1/tenants/acme")), Some(&acme)).await;
+    assert_eq!(
+        (status, body["tenant"].clone()),
+        (StatusCode::OK, json!("acme"))
+    );
+
+    // Another tenant that exists and one that does not: the same answer.
+    let (existing, existing_body) =
+        send(client.get(format!("{base}/v1/tenants/globex")), Some(&acme)).await;
+    let (guessed, guessed_body) = send(
+        client.get(format!("{base}/v1/tenants/initech")),
+        Some(&acme),
+    )
+    .await;
+    assert_eq!(existing, StatusCode::FORBIDDEN);
+    assert_eq!((existing, existing_body), (guessed, guessed_body));
+
+    // Only the admin creates tenants and issues tokens.
+    let (status, _) = send(
+        client
+            .post(format!("{base}/v1/tenants"))
+            .json(&json!({ "name": "mine" })),
+        Some(&acme),
+    )
+    .await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    let (status, _) = send(
+        client.post(format!("{base}/v1/tenants/acme/tokens")),
+        Some(&acme),
+    )
+    .await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+}
+
+#[tokio::test]
+async fn the_admin_creates_tenants_with_checked_names_and_tokens_survive_a_restart() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let base = start(dir.path()).await;
+    let client = reqwest::Client::new();
+    let first = create(&client, &base, "acme").await;
+
+    for (body, code) in [
+        (json!({ "name": "acme" }), StatusCode::CONFLICT),
+        (json!({ "name": "Not OK" }), StatusCode::BAD_REQUEST),
+        (json!({ "nom": "acme" }), StatusCode::BAD_REQUEST),
+    ] {
+        let (status, answer) = send(
+            client.post(format!("{base}/v1/tenants")).json(&body),
+            Some(ADMIN),
+        )
+        .await;
+        assert_eq!(status, code, "{body}: {answer}");
+        assert!(answer["error"].as_str().is_some_and(|e| !e.is_empty()));
+    }
+    let (status, body) = send(
+        client.post(format!("{base}/v1/tenants/acme/tokens")),
+        Some(ADMIN),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED);
+    let second = body["token"].as_str().expect("a token").to_owned();
+
+    // Stored hashed: neither token is in the state directory.
+    let stored = std::fs::read_to_string(dir.path().join("tenants.json")).expect("registry");
+    assert!(!stored.contains(&first) && !stored.contains(&second));
+
+    // Another server over the same state: both tokens still work.
+    let again = start(dir.path()).await;
+    for token in [&first, &second] {
+        let (status, _) = send(client.get(format!("{again}/v1/tenants/acme")), Some(token)).await;
+        assert_eq!(status, StatusCode::OK);
+    }
+}
+
+/// The binary: configured by rewind.toml, stops on SIGTERM.
+#[tokio::test]
+async fn rewind_serve_starts_from_its_config_and_stops_on_sigterm() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join("admin.token"), format!("{ADMIN}\n")).expect("token");
+    std::fs::write(
+        dir.path().join("rewind.toml"),
+        "listen = \"127.0.0.1:0\"\n\n[admin-token]\nfile = \"admin.token\"\n",
+    )
+    .expect("config");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_rewind"))
+        .args(["serve", "--config"])
+        .arg(dir.path().join("rewind.toml"))
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("rewind serve starts");
+    let mut stderr = BufReader::new(child.stderr.take().expect("stderr"));
+    let mut line = String::new();
+    stderr.read_line(&mut line).expect("a line");
+    let base = line
+        .trim()
+        .rsplit_once(' ')
+        .map(|(_, url)| url.to_owned())
+        .expect("listening on URL");
+    assert!(base.starts_with("http://127.0.0.1:"), "{line}");
+
+    let client = reqwest::Client::new();
+    let token = create(&client, &base, "acme").await;
+    let (status, _) = send(client.get(format!("{base}/v1/tenants/acme")), Some(&token)).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        dir.path()
+            .join("rewind-state")
+            .join("tenants.json")
+            .exists()
+    );
+
+    let pid = rustix::process::Pid::from_raw(child.id().cast_signed()).expect("pid");
+    rustix::process::kill_process(pid, rustix::process::Signal::TERM).expect("SIGTERM");
+    let status = tokio::task::spawn_blocking(move || child.wait())
+        .await
+        .expect("joined")
+        .expect("waits");
+    assert!(status.success(), "{status}");
+}
+
+#[test]
+fn a_config_with_an_unknown_key_or_a_missing_token_is_refused_by_name() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("rewind.toml");
+    for (text, expected) in [
+        (
+            "lisen = \"127.0.0.1:0\"\n[admin-token]\nenv = \"X\"\n",
+            "lisen",
+        ),
+        (
+            "[admin-token]\nenv = \"REWIND_TEST_NO_SUCH_VARIABLE\"\n",
+            "REWIND_TEST_NO_SUCH_VARIABLE is not set",
+        ),
+    ] {
+        std::fs::write(&config, text).expect("config");
+        let output = Command::new(env!("CARGO_BIN_EXE_rewind"))
+            .args(["serve", "--config"])
+            .arg(&config)
+            .env_remove("REWIND_TEST_NO_SUCH_VARIABLE")
+            .output()
+            .expect("runs");
+        assert!(!output.status.success());
+        let said = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            said.contains(expected) && said.contains("rewind.toml"),
+            "{said}"
+        );
+    }
+}
