@@ -73,6 +73,6 @@ pub async fn main(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Check(args) => check::check(args, sandbox()?),
         Command::Inspect(args) => inspect::inspect(args).await,
         Command::Test(args) => test::test(args, cli.cache_dir.clone()).await,
-        Command::Serve(args) => serve::serve(args).await,
+        Command::Serve(args) => serve::serve(args, sandbox()?).await,
     }
 }

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Args;
+use rewind_host::sandbox::Sandbox;
 use rewind_host::server::{ServerConfig, ServerState, Tenants};
 
 #[derive(Debug, Args)]
@@ -15,7 +16,7 @@ pub struct ServeArgs {
     config: PathBuf,
 }
 
-pub async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
+pub async fn serve(args: ServeArgs, sandbox: Sandbox) -> anyhow::Result<ExitCode> {
     let config = ServerConfig::load(&args.config)?;
     let admin = config.admin_token(&args.config)?;
     let tenants = Tenants::open(&config.state_dir)?;
@@ -26,7 +27,12 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     eprintln!("rewind serve: listening on http://{address}");
     rewind_host::server::serve(
         listener,
-        Arc::new(ServerState::new(tenants, &admin)),
+        Arc::new(ServerState::new(
+            &config,
+            tenants,
+            &admin,
+            Arc::new(sandbox),
+        )),
         shutdown(),
     )
     .await

@@ -2,16 +2,18 @@
 
 use std::sync::Arc;
 
-use axum::extract::{Path, State};
+use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{get, post, put};
 use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::json;
+use sha2::Digest as _;
 
 use super::ServerState;
-use super::tenants::{TenantError, hash};
+use super::tenants::{TenantError, check_name, hash};
+use crate::sandbox::LoadError;
 
 /// The API's routes over `state`.
 pub fn router(state: Arc<ServerState>) -> Router {
@@ -19,6 +21,11 @@ pub fn router(state: Arc<ServerState>) -> Router {
         .route("/v1/tenants", post(create_tenant))
         .route("/v1/tenants/{tenant}", get(show_tenant))
         .route("/v1/tenants/{tenant}/tokens", post(issue_token))
+        .route(
+            "/v1/tenants/{tenant}/components/{name}",
+            // The size limit is the server's own (413 with a JSON body), not axum's.
+            put(upload_component).layer(DefaultBodyLimit::disable()),
+        )
         .fallback(not_found)
         .with_state(state)
 }
@@ -199,6 +206,100 @@ async fn show_tenant(
         ));
     }
     Ok(Json(json!({ "tenant": tenant })))
+}
+
+/// Uploads a component: the raw wasm body, checked against the world as `rewind check`
+/// does, precompiled, and kept under the tenant's namespace.
+async fn upload_component(
+    State(state): State<Arc<ServerState>>,
+    Path((tenant, name)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: axum::body::Body,
+) -> Result<(StatusCode, Json<serde_json::Value>), ApiError> {
+    let caller = caller(&state, &headers)?;
+    reaches(&caller, &tenant)?;
+    if !state.tenants.exists(&tenant) {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not-found",
+            format!("no tenant {tenant}"),
+        ));
+    }
+    check_name(&name).map_err(|_| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "bad-name",
+            format!(
+                "component name {name:?} is not 1 to 63 characters of a-z, 0-9 and '-', starting with a letter or digit"
+            ),
+        )
+    })?;
+    let limit = state.max_component_bytes;
+    let wasm = axum::body::to_bytes(body, limit).await.map_err(|_| {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "too-large",
+            format!("a component may be at most {limit} bytes (max-component-mib)"),
+        )
+    })?;
+    let origin = format!("component {name}");
+    let checked = Arc::clone(&state);
+    let bytes = wasm.clone();
+    let loaded = tokio::task::spawn_blocking(move || checked.sandbox.load(&origin, &bytes))
+        .await
+        .map_err(|e| {
+            ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+                format!("checking the component failed: {e}"),
+            )
+        })?;
+    if let Err(error) = loaded {
+        let code = match &error {
+            LoadError::NotWasm { .. } => "not-wasm",
+            LoadError::CoreModule { .. } => "core-module",
+            LoadError::Invalid { .. } => "invalid-component",
+            LoadError::World { .. } => "wrong-world",
+            LoadError::Read { .. } => "internal",
+        };
+        let status = if code == "wrong-world" {
+            StatusCode::UNPROCESSABLE_ENTITY
+        } else {
+            StatusCode::BAD_REQUEST
+        };
+        return Err(ApiError::new(status, code, error.to_string()));
+    }
+    let dir = state.tenant_dir(&tenant).join("components");
+    let path = dir.join(format!("{name}.wasm"));
+    write_atomically(&dir, &path, &wasm).map_err(|e| {
+        tracing::error!(path = %path.display(), "storing a component: {e}");
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            "the server could not store the component; try again",
+        )
+    })?;
+    let digest = hex::encode(sha2::Sha256::digest(&wasm));
+    Ok((
+        StatusCode::CREATED,
+        Json(json!({ "component": name, "bytes": wasm.len(), "sha256": digest })),
+    ))
+}
+
+/// A temporary file, synced, renamed into place, and the directory synced.
+fn write_atomically(
+    dir: &std::path::Path,
+    path: &std::path::Path,
+    bytes: &[u8],
+) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    // Unique, so that two uploads of one name at once do not write one temporary file.
+    let temp = dir.join(format!(".upload-{:016x}.tmp", rand::random::<u64>()));
+    let mut out = std::fs::File::create(&temp)?;
+    std::io::Write::write_all(&mut out, bytes)?;
+    out.sync_all()?;
+    std::fs::rename(&temp, path)?;
+    std::fs::File::open(dir)?.sync_all()
 }
 
 async fn not_found(State(state): State<Arc<ServerState>>, headers: HeaderMap) -> ApiError {

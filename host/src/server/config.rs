@@ -17,6 +17,9 @@ pub struct ServerConfig {
     /// Default `rewind-state` beside it.
     #[serde(default = "default_state_dir")]
     pub state_dir: PathBuf,
+    /// The largest component a tenant may upload, in MiB. Default 64.
+    #[serde(default = "default_max_component_mib")]
+    pub max_component_mib: u32,
     pub admin_token: AdminToken,
 }
 
@@ -35,6 +38,10 @@ pub const MIN_ADMIN_TOKEN: usize = 16;
 
 fn default_listen() -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], 7070))
+}
+
+fn default_max_component_mib() -> u32 {
+    64
 }
 
 fn default_state_dir() -> PathBuf {

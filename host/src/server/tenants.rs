@@ -166,8 +166,9 @@ pub(super) fn hash(token: &str) -> [u8; 32] {
     Sha256::digest(token.as_bytes()).into()
 }
 
-/// A tenant name is a namespace on disk and in URLs: `[a-z0-9][a-z0-9-]{0,62}`.
-fn check_name(name: &str) -> Result<(), TenantError> {
+/// A tenant name is a namespace on disk and in URLs: `[a-z0-9][a-z0-9-]{0,62}`; so is a
+/// component's name.
+pub(super) fn check_name(name: &str) -> Result<(), TenantError> {
     let ok = (1..=63).contains(&name.len())
         && name
             .bytes()

@@ -5,19 +5,31 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 
 use reqwest::StatusCode;
-use rewind_host::server::{ServerState, Tenants};
+use rewind_host::server::{ServerConfig, ServerState, Tenants};
 use serde_json::{Value, json};
+
+use crate::support::{guest, sandbox};
 
 const ADMIN: &str = "admin-token-for-the-tests";
 
 /// A server on an ephemeral port over `state_dir`; its base URL.
 async fn start(state_dir: &std::path::Path) -> String {
+    start_with(state_dir, "").await
+}
+
+/// The same, with `extra` lines at the top of its rewind.toml.
+async fn start_with(state_dir: &std::path::Path, extra: &str) -> String {
+    let config = ServerConfig::parse(
+        &state_dir.join("rewind.toml"),
+        &format!("{extra}\nstate-dir = \".\"\n[admin-token]\nenv = \"UNUSED\"\n"),
+    )
+    .expect("config");
     let tenants = Tenants::open(state_dir).expect("the registry opens");
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
     let addr = listener.local_addr().expect("addr");
-    let state = Arc::new(ServerState::new(tenants, ADMIN));
+    let state = Arc::new(ServerState::new(&config, tenants, ADMIN, sandbox()));
     tokio::spawn(rewind_host::server::serve(
         listener,
         state,
@@ -232,4 +244,63 @@ fn a_config_with_an_unknown_key_or_a_missing_token_is_refused_by_name() {
             "{said}"
         );
     }
+}
+
+#[tokio::test]
+async fn a_component_upload_is_checked_and_each_bad_one_is_named() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let base = start_with(dir.path(), "max-component-mib = 1").await;
+    let client = reqwest::Client::new();
+    let acme = create(&client, &base, "acme").await;
+    let globex = create(&client, &base, "globex").await;
+    let upload = |tenant: &str, name: &str, body: Vec<u8>, token: &str| {
+        let request = client
+            .put(format!("{base}/v1/tenants/{tenant}/components/{name}"))
+            .body(body)
+            .bearer_auth(token);
+        send(request, None)
+    };
+
+    let noop = std::fs::read(guest("noop")).expect("the noop guest");
+    let (status, body) = upload("acme", "noop", noop.clone(), &acme).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    assert_eq!(body["bytes"], noop.len());
+    assert!(
+        dir.path()
+            .join("tenants/acme/components/noop.wasm")
+            .exists()
+    );
+
+    let forbidden_import = br#"(component (import "acme:evil/net@1.0.0" (instance)))"#.to_vec();
+    for (body, expected, code) in [
+        (b"hello".to_vec(), StatusCode::BAD_REQUEST, "not-wasm"),
+        (b"(module)".to_vec(), StatusCode::BAD_REQUEST, "core-module"),
+        (
+            forbidden_import,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "wrong-world",
+        ),
+        (vec![0; 2 << 20], StatusCode::PAYLOAD_TOO_LARGE, "too-large"),
+    ] {
+        let (status, answer) = upload("acme", "bad", body, &acme).await;
+        assert_eq!(
+            (status, answer["code"].as_str()),
+            (expected, Some(code)),
+            "{answer}"
+        );
+    }
+    let (status, answer) = upload("acme", "Bad Name", noop.clone(), &acme).await;
+    assert_eq!(
+        (status, answer["code"].as_str()),
+        (StatusCode::BAD_REQUEST, Some("bad-name"))
+    );
+    assert!(!dir.path().join("tenants/acme/components/bad.wasm").exists());
+
+    // Another tenant's token cannot deploy into acme, nor learn whether a tenant exists.
+    let (into_acme, _) = upload("acme", "noop", noop.clone(), &globex).await;
+    let (into_nobody, _) = upload("initech", "noop", noop, &globex).await;
+    assert_eq!(
+        (into_acme, into_nobody),
+        (StatusCode::FORBIDDEN, StatusCode::FORBIDDEN)
+    );
 }
