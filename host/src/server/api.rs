@@ -143,6 +143,22 @@ fn reaches(caller: &Caller, tenant: &str) -> Result<(), ApiError> {
     }
 }
 
+/// Authenticates a request for a tenant's resources: the caller reaches `tenant` (403
+/// otherwise, before anything about it is looked up), and it exists (404, which only the
+/// admin and the tenant itself can see).
+fn open_tenant(state: &ServerState, headers: &HeaderMap, tenant: &str) -> Result<(), ApiError> {
+    reaches(&caller(state, headers)?, tenant)?;
+    if state.tenants.exists(tenant) {
+        Ok(())
+    } else {
+        Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not-found",
+            format!("no tenant {tenant}"),
+        ))
+    }
+}
+
 /// Compares two digests in time that does not depend on where they differ.
 fn same(a: &[u8; 32], b: &[u8; 32]) -> bool {
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
@@ -196,15 +212,7 @@ async fn show_tenant(
     Path(tenant): Path<String>,
     headers: HeaderMap,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    let caller = caller(&state, &headers)?;
-    reaches(&caller, &tenant)?;
-    if !state.tenants.exists(&tenant) {
-        return Err(ApiError::new(
-            StatusCode::NOT_FOUND,
-            "not-found",
-            format!("no tenant {tenant}"),
-        ));
-    }
+    open_tenant(&state, &headers, &tenant)?;
     Ok(Json(json!({ "tenant": tenant })))
 }
 
@@ -216,15 +224,7 @@ async fn upload_component(
     headers: HeaderMap,
     body: axum::body::Body,
 ) -> Result<(StatusCode, Json<serde_json::Value>), ApiError> {
-    let caller = caller(&state, &headers)?;
-    reaches(&caller, &tenant)?;
-    if !state.tenants.exists(&tenant) {
-        return Err(ApiError::new(
-            StatusCode::NOT_FOUND,
-            "not-found",
-            format!("no tenant {tenant}"),
-        ));
-    }
+    open_tenant(&state, &headers, &tenant)?;
     check_name(&name).map_err(|_| {
         ApiError::new(
             StatusCode::BAD_REQUEST,
