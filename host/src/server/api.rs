@@ -21,6 +21,7 @@ pub fn router(state: Arc<ServerState>) -> Router {
         .route("/v1/tenants", post(create_tenant))
         .route("/v1/tenants/{tenant}", get(show_tenant))
         .route("/v1/tenants/{tenant}/tokens", post(issue_token))
+        .route("/v1/tenants/{tenant}/components", get(list_components))
         .route(
             "/v1/tenants/{tenant}/components/{name}",
             // The size limit is the server's own (413 with a JSON body), not axum's.
@@ -284,6 +285,45 @@ async fn upload_component(
         StatusCode::CREATED,
         Json(json!({ "component": name, "bytes": wasm.len(), "sha256": digest })),
     ))
+}
+
+/// The tenant's components, by name, with their sizes.
+async fn list_components(
+    State(state): State<Arc<ServerState>>,
+    Path(tenant): Path<String>,
+    headers: HeaderMap,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    open_tenant(&state, &headers, &tenant)?;
+    let dir = state.tenant_dir(&tenant).join("components");
+    let mut components = Vec::new();
+    match std::fs::read_dir(&dir) {
+        Ok(entries) => {
+            for entry in entries.flatten() {
+                let path = entry.path();
+                let Some(name) = path
+                    .file_name()
+                    .and_then(|n| n.to_str())
+                    .and_then(|n| n.strip_suffix(".wasm"))
+                    .filter(|n| !n.starts_with('.'))
+                else {
+                    continue;
+                };
+                let bytes = entry.metadata().map(|m| m.len()).unwrap_or_default();
+                components.push(json!({ "component": name, "bytes": bytes }));
+            }
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => {
+            tracing::error!(dir = %dir.display(), "listing components: {e}");
+            return Err(ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+                "the server could not list the components; try again",
+            ));
+        }
+    }
+    components.sort_by(|a, b| a["component"].as_str().cmp(&b["component"].as_str()));
+    Ok(Json(json!({ "components": components })))
 }
 
 /// A temporary file, synced, renamed into place, and the directory synced.

@@ -296,6 +296,27 @@ async fn a_component_upload_is_checked_and_each_bad_one_is_named() {
     );
     assert!(!dir.path().join("tenants/acme/components/bad.wasm").exists());
 
+    let list = |tenant: &str, token: &str| {
+        let request = client
+            .get(format!("{base}/v1/tenants/{tenant}/components"))
+            .bearer_auth(token);
+        send(request, None)
+    };
+    let (status, listed) = list("acme", &acme).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        listed["components"],
+        json!([{ "component": "noop", "bytes": noop.len() }]),
+        "only the upload that was accepted"
+    );
+    let (status, listed) = list("globex", &globex).await;
+    assert_eq!(
+        (status, listed["components"].clone()),
+        (StatusCode::OK, json!([]))
+    );
+    let (status, _) = list("acme", &globex).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+
     // Another tenant's token cannot deploy into acme, nor learn whether a tenant exists.
     let (into_acme, _) = upload("acme", "noop", noop.clone(), &globex).await;
     let (into_nobody, _) = upload("initech", "noop", noop, &globex).await;
