@@ -34,6 +34,7 @@ pub fn calls(
     let policy = Arc::new(CallPolicy {
         calls_per_run: u32::MAX,
         clock_readings_per_run: u32::MAX,
+        budget: None,
         ..CallPolicy::default()
     });
     DurableCalls::new(Arc::clone(store), Arc::clone(functions), policy, state)

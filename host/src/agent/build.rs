@@ -6,10 +6,10 @@ use std::time::Duration;
 
 use super::config::{AgentFile, FunctionConfig, FunctionKind};
 use super::{Action, Agent, DEFAULT_TENANT};
-use crate::durable::{CallPolicy, InDoubtPolicy};
+use crate::durable::{CallBudget, CallPolicy, InDoubtPolicy};
 use crate::functions::{
-    Clock, Function, Functions, HttpConfig, HttpFunction, OpenAiChatConfig, OpenAiChatFunction,
-    RandomFunction, RetryPolicy, SystemClock, TimeFunction,
+    AllowedHosts, Clock, Function, Functions, HttpConfig, HttpFunction, OpenAiChatConfig,
+    OpenAiChatFunction, RandomFunction, RetryPolicy, SystemClock, TimeFunction,
 };
 use crate::sandbox::{self, Sandbox};
 use crate::store::{ActionStateStore, InMemoryStore};
@@ -41,6 +41,49 @@ pub enum BuildError {
     Undeclared { agent: String, function: String },
 }
 
+/// Where the secrets an agent.toml names (`secret-headers`, `api-key-env`) come from.
+#[derive(Clone, Default)]
+pub enum Secrets {
+    /// The host's environment variables (`rewind run`).
+    #[default]
+    Environment,
+    /// A tenant's own secrets, by name (`rewind serve`); nothing else is reachable.
+    Named {
+        tenant: String,
+        values: Arc<BTreeMap<String, String>>,
+    },
+}
+
+impl std::fmt::Debug for Secrets {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Environment => f.write_str("Secrets::Environment"),
+            Self::Named { tenant, values } => f
+                .debug_struct("Secrets::Named")
+                .field("tenant", tenant)
+                .field("names", &values.keys().collect::<Vec<_>>())
+                .finish(),
+        }
+    }
+}
+
+impl Secrets {
+    /// The value of `name`, or what to tell the user. `what` says who asked for it.
+    fn get(&self, name: &str, what: &str) -> Result<String, String> {
+        match self {
+            Self::Environment => std::env::var(name).map_err(|_| {
+                format!("{what} reads environment variable `{name}`, which is not set")
+            }),
+            Self::Named { tenant, values } => values.get(name).cloned().ok_or_else(|| {
+                format!(
+                    "{what} names secret `{name}`, which tenant {tenant} does not have (the \
+                     operator sets it in rewind.toml, [tenants.{tenant}.secrets])"
+                )
+            }),
+        }
+    }
+}
+
 /// Sets up an [`Agent`] from its file.
 #[derive(Debug)]
 pub struct AgentBuilder {
@@ -50,6 +93,9 @@ pub struct AgentBuilder {
     store: Option<Arc<dyn ActionStateStore>>,
     custom: BTreeMap<String, Arc<dyn Function>>,
     clock: Arc<dyn Clock>,
+    secrets: Secrets,
+    allowed_hosts: Option<AllowedHosts>,
+    budget: Option<Arc<dyn CallBudget>>,
 }
 
 impl AgentBuilder {
@@ -61,7 +107,30 @@ impl AgentBuilder {
             store: None,
             custom: BTreeMap::new(),
             clock: Arc::new(SystemClock),
+            secrets: Secrets::default(),
+            allowed_hosts: None,
+            budget: None,
         }
+    }
+
+    /// Where named secrets come from. Default: the environment.
+    pub fn secrets(mut self, secrets: Secrets) -> Self {
+        self.secrets = secrets;
+        self
+    }
+
+    /// Only these hosts may be reached by the agent's functions: a function whose URL is
+    /// elsewhere is an error at [`build`](Self::build), and a redirect elsewhere fails the
+    /// call. Default: any host.
+    pub fn allowed_hosts(mut self, hosts: AllowedHosts) -> Self {
+        self.allowed_hosts = Some(hosts);
+        self
+    }
+
+    /// Live calls of every action take from `budget`; a call it refuses is denied.
+    pub fn call_budget(mut self, budget: Arc<dyn CallBudget>) -> Self {
+        self.budget = Some(budget);
+        self
     }
 
     pub fn tenant(mut self, tenant: impl Into<String>) -> Self {
@@ -148,7 +217,13 @@ impl AgentBuilder {
                             .to_owned(),
                     )
                 })?,
-                _ => build_function(function, &self.clock).map_err(fail)?,
+                _ => build_function(
+                    function,
+                    &self.clock,
+                    &self.secrets,
+                    self.allowed_hosts.as_ref(),
+                )
+                .map_err(fail)?,
             };
             let in_doubt = function.in_doubt.unwrap_or_default();
             if in_doubt == InDoubtPolicy::Reconcile && !handler.can_reconcile() {
@@ -188,6 +263,7 @@ impl AgentBuilder {
                 in_doubt_by_function,
                 calls_per_run: config.limits.calls_per_run,
                 clock_readings_per_run: config.limits.clock_readings_per_run,
+                budget: self.budget,
             }),
             limits: config.limits,
             parallelism: config.parallelism,
@@ -203,19 +279,25 @@ impl AgentBuilder {
 fn build_function(
     config: &FunctionConfig,
     clock: &Arc<dyn Clock>,
+    secrets: &Secrets,
+    allowed_hosts: Option<&AllowedHosts>,
 ) -> Result<Arc<dyn Function>, String> {
+    if let Some(hosts) = allowed_hosts {
+        for url in [&config.url, &config.base_url, &config.reconcile_url]
+            .into_iter()
+            .flatten()
+        {
+            hosts.check(url)?;
+        }
+    }
     let http = |url: String, default_timeout: u64| -> Result<HttpConfig, String> {
         let mut headers: Vec<(String, String)> = config
             .headers
             .iter()
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
-        for (header, var) in &config.secret_headers {
-            let value = std::env::var(var).map_err(|_| {
-                format!(
-                    "secret header `{header}` reads environment variable `{var}`, which is not set"
-                )
-            })?;
+        for (header, name) in &config.secret_headers {
+            let value = secrets.get(name, &format!("secret header `{header}`"))?;
             headers.push((header.clone(), value));
         }
         let mut retry = RetryPolicy::default();
@@ -228,6 +310,7 @@ fn build_function(
             retry,
             headers,
             reconcile_url: config.reconcile_url.clone(),
+            allowed_hosts: allowed_hosts.cloned(),
         })
     };
     Ok(match config.kind {
@@ -237,10 +320,8 @@ fn build_function(
         }
         FunctionKind::OpenaiChat => {
             let mut http = http(String::new(), DEFAULT_CHAT_TIMEOUT_MS)?;
-            if let Some(var) = &config.api_key_env {
-                let key = std::env::var(var).map_err(|_| {
-                    format!("`api-key-env` names environment variable `{var}`, which is not set")
-                })?;
+            if let Some(name) = &config.api_key_env {
+                let key = secrets.get(name, "`api-key-env`")?;
                 http.headers
                     .push(("authorization".to_owned(), format!("Bearer {key}")));
             }

@@ -10,7 +10,7 @@ mod scheduler;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
-pub use build::{AgentBuilder, BuildError};
+pub use build::{AgentBuilder, BuildError, Secrets};
 pub use config::{
     ActionConfig, AgentConfig, AgentFile, ConfigError, DEFAULT_PARALLELISM, FunctionConfig,
     FunctionKind, StateConfig,
@@ -139,6 +139,15 @@ impl Agent {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
+    /// Removes the short-term memory of `key` from this agent and returns it (a server keeps
+    /// each key's memory itself, between inputs that may run on different versions).
+    pub fn take_memory(&self, key: &str) -> BTreeMap<String, String> {
+        self.lock_memory()
+            .remove(key)
+            .map(Arc::unwrap_or_clone)
+            .unwrap_or_default()
+    }
+
     /// Replaces the short-term memory of `key` (recovery restores it from a checkpoint).
     pub fn restore_memory(&self, key: &str, memory: BTreeMap<String, String>) {
         self.lock_memory().insert(key.to_owned(), Arc::new(memory));
@@ -213,6 +222,37 @@ impl Agent {
             }
         }
         report
+    }
+
+    /// [`process`](Self::process) in a task of its own, so that a panic fails this input
+    /// (as [`InputError::Panicked`]) and not its caller.
+    pub async fn process_isolated(self: &Arc<Self>, input: &Input) -> InputReport {
+        let task = tokio::spawn({
+            let agent = Arc::clone(self);
+            let input = input.clone();
+            async move { agent.process(&input).await }
+        });
+        match task.await {
+            Ok(report) => report,
+            Err(error) => {
+                let message = match error.try_into_panic() {
+                    Ok(panic) => panic
+                        .downcast_ref::<&str>()
+                        .map(|s| (*s).to_owned())
+                        .or_else(|| panic.downcast_ref::<String>().cloned())
+                        .unwrap_or_else(|| "a panic without a message".to_owned()),
+                    Err(error) => error.to_string(),
+                };
+                InputReport {
+                    error: Some(InputError::Panicked {
+                        key: input.key.clone(),
+                        sequence: input.sequence,
+                        message,
+                    }),
+                    ..InputReport::default()
+                }
+            }
+        }
     }
 
     async fn run_action(

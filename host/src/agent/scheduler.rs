@@ -427,7 +427,7 @@ async fn key_worker(
                 let Ok(permit) = permits.acquire().await else {
                     return;
                 };
-                let report = process_catching_panics(&agent, &input).await;
+                let report = agent.process_isolated(&input).await;
                 drop(permit);
                 report
             }
@@ -437,36 +437,6 @@ async fn key_worker(
         }
         if done.send((input, report)).is_err() {
             return;
-        }
-    }
-}
-
-/// Processes `input` in its own task, so that a panic fails this input and not the run.
-async fn process_catching_panics(agent: &Arc<Agent>, input: &Input) -> InputReport {
-    let task = tokio::spawn({
-        let agent = Arc::clone(agent);
-        let input = input.clone();
-        async move { agent.process(&input).await }
-    });
-    match task.await {
-        Ok(report) => report,
-        Err(error) => {
-            let message = match error.try_into_panic() {
-                Ok(panic) => panic
-                    .downcast_ref::<&str>()
-                    .map(|s| (*s).to_owned())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "a panic without a message".to_owned()),
-                Err(error) => error.to_string(),
-            };
-            InputReport {
-                error: Some(InputError::Panicked {
-                    key: input.key.clone(),
-                    sequence: input.sequence,
-                    message,
-                }),
-                ..InputReport::default()
-            }
         }
     }
 }

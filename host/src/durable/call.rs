@@ -40,8 +40,17 @@ pub enum InDoubtPolicy {
     Fail,
 }
 
+/// A budget of live calls shared by many runs (a tenant's calls per minute, say).
+///
+/// Asked once for each call that is about to go out; calls served from records are free.
+pub trait CallBudget: Send + Sync + std::fmt::Debug {
+    /// Takes one call from the budget, or says why it is spent (the message is what the
+    /// guest sees in [`CallError::Denied`]).
+    fn take(&self) -> Result<(), String>;
+}
+
 /// How an agent's durable calls behave.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default)]
 pub struct CallPolicy {
     pub divergence: DivergencePolicy,
     /// Overrides of `divergence`, by the name of the function being called.
@@ -52,6 +61,8 @@ pub struct CallPolicy {
     pub calls_per_run: u32,
     /// Clock readings one run may take, replayed ones included.
     pub clock_readings_per_run: u32,
+    /// Live calls beyond the budget are denied (not recorded, no index taken).
+    pub budget: Option<Arc<dyn CallBudget>>,
 }
 
 impl CallPolicy {
@@ -263,7 +274,13 @@ impl DurableCalls {
             }
         }
 
-        // Not served from a record: the call is (or was) made, under its idempotency key.
+        // Not served from a record: the call is (or was) made, under its idempotency key,
+        // if the budget allows. A denial takes no index, like the refusals above.
+        if let Some(budget) = &self.policy.budget
+            && let Err(message) = budget.take()
+        {
+            return Ok(Err(CallError::Denied(message)));
+        }
         let key = idempotency_key(&self.state.key, index);
         let request = CallRequest {
             function,

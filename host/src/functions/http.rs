@@ -6,7 +6,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 use reqwest::StatusCode;
 
-use super::{CallRequest, Function, FunctionError, Reconciled};
+use super::{AllowedHosts, CallRequest, Function, FunctionError, Reconciled};
+
+/// Redirects followed before a call fails, as reqwest's default.
+const MAX_REDIRECTS: usize = 10;
 
 /// Retries on transport errors and 5xx answers, with exponential backoff.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -51,6 +54,8 @@ pub struct HttpConfig {
     /// ran, another 4xx when it failed (recorded as the failure); 5xx or no answer: unknown
     /// yet, the run fails and the call stays pending.
     pub reconcile_url: Option<String>,
+    /// When set, only these hosts are reached, redirects included.
+    pub allowed_hosts: Option<AllowedHosts>,
 }
 
 impl fmt::Debug for HttpConfig {
@@ -62,6 +67,7 @@ impl fmt::Debug for HttpConfig {
             .field("retry", &self.retry)
             .field("headers", &names)
             .field("reconcile_url", &self.reconcile_url)
+            .field("allowed_hosts", &self.allowed_hosts)
             .finish()
     }
 }
@@ -82,10 +88,28 @@ pub(super) struct JsonPoster {
 
 impl JsonPoster {
     pub fn new(config: HttpConfig) -> Self {
-        Self {
-            client: reqwest::Client::new(),
-            config,
-        }
+        let client = match &config.allowed_hosts {
+            None => reqwest::Client::new(),
+            Some(hosts) => {
+                let hosts = hosts.clone();
+                let redirects = reqwest::redirect::Policy::custom(move |attempt| {
+                    if attempt.previous().len() >= MAX_REDIRECTS {
+                        attempt.error("too many redirects")
+                    } else if let Err(refused) = hosts.check(attempt.url().as_str()) {
+                        attempt.error(format!("redirected to {refused}"))
+                    } else {
+                        attempt.follow()
+                    }
+                });
+                reqwest::Client::builder()
+                    .redirect(redirects)
+                    .build()
+                    // Building fails only when TLS cannot be set up, which `Client::new`
+                    // also treats as fatal.
+                    .expect("an HTTP client builds")
+            }
+        };
+        Self { client, config }
     }
 
     pub fn url(&self) -> &str {
@@ -135,6 +159,14 @@ impl JsonPoster {
                         Ok(body) => Ok(Answer { status, body }),
                         Err(e) => Err(describe(&e)),
                     }
+                }
+                // A redirect refused (off the allow-list, or too many) is an answer, not
+                // an outage: the call failed, and trying again would fail the same way.
+                Err(e) if e.is_redirect() => {
+                    return Err(FunctionError::Failed(format!(
+                        "{method} {url}: {}",
+                        describe(&e)
+                    )));
                 }
                 Err(e) => Err(describe(&e)),
             };

@@ -4,6 +4,7 @@
 //! agent's [`Functions`]. Embedders add their own with [`Functions::register`].
 
 mod builtin;
+mod hosts;
 mod http;
 mod openai;
 
@@ -14,6 +15,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 
 pub use builtin::{Clock, RandomFunction, SystemClock, TimeFunction};
+pub use hosts::AllowedHosts;
 pub use http::{HttpConfig, HttpFunction, RetryPolicy};
 pub use openai::{OpenAiChatConfig, OpenAiChatFunction};
 
