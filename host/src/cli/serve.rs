@@ -7,7 +7,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::Args;
 use rewind_host::sandbox::Sandbox;
-use rewind_host::server::{ServerConfig, ServerState, Tenants};
+use rewind_host::server::{ServerConfig, ServerState};
 
 #[derive(Debug, Args)]
 pub struct ServeArgs {
@@ -19,24 +19,16 @@ pub struct ServeArgs {
 pub async fn serve(args: ServeArgs, sandbox: Sandbox) -> anyhow::Result<ExitCode> {
     let config = ServerConfig::load(&args.config)?;
     let admin = config.admin_token(&args.config)?;
-    let tenants = Tenants::open(&config.state_dir)?;
-    let listener = tokio::net::TcpListener::bind(config.listen)
+    let listen = config.listen;
+    let state = ServerState::start(config, &args.config, &admin, Arc::new(sandbox)).await?;
+    let listener = tokio::net::TcpListener::bind(listen)
         .await
-        .with_context(|| format!("listening on {}", config.listen))?;
+        .with_context(|| format!("listening on {listen}"))?;
     let address = listener.local_addr()?;
     eprintln!("rewind serve: listening on http://{address}");
-    rewind_host::server::serve(
-        listener,
-        Arc::new(ServerState::new(
-            &config,
-            tenants,
-            &admin,
-            Arc::new(sandbox),
-        )),
-        shutdown(),
-    )
-    .await
-    .context("serving")?;
+    rewind_host::server::serve(listener, state, shutdown())
+        .await
+        .context("serving")?;
     eprintln!("rewind serve: stopped");
     Ok(ExitCode::SUCCESS)
 }

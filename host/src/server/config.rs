@@ -1,10 +1,16 @@
 //! `rewind.toml`: where the server listens, where it keeps its state, where its admin token
 //! comes from. Kebab-case keys; an unknown key is an error that names it.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use serde::Deserialize;
+
+use super::quota::{QuotaOverrides, Quotas};
+use super::tenants::check_name;
+use crate::functions::AllowedHosts;
 
 /// The server's configuration.
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
@@ -20,7 +26,50 @@ pub struct ServerConfig {
     /// The largest component a tenant may upload, in MiB. Default 64.
     #[serde(default = "default_max_component_mib")]
     pub max_component_mib: u32,
+    /// How long a shutdown waits for inputs in flight before it exits (they resume at the
+    /// next start), in milliseconds. Default 10,000.
+    #[serde(default = "default_shutdown_grace_ms")]
+    pub shutdown_grace_ms: u64,
     pub admin_token: AdminToken,
+    /// Every tenant's quotas, unless its own section overrides them.
+    #[serde(default)]
+    pub quotas: Quotas,
+    /// What the operator grants each tenant, by name; a tenant not named here gets the
+    /// default quotas, no hosts and no secrets.
+    #[serde(default)]
+    pub tenants: BTreeMap<String, TenantConfig>,
+}
+
+/// `[tenants.NAME]`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct TenantConfig {
+    /// Hosts the tenant's functions may reach: `host` (any port) or `host:port`.
+    #[serde(default)]
+    pub allow_hosts: Vec<String>,
+    /// Secrets the tenant's agent.toml may name (in `secret-headers` and `api-key-env`);
+    /// their values stay in the host.
+    #[serde(default)]
+    pub secrets: BTreeMap<String, SecretSource>,
+    #[serde(default)]
+    pub quotas: QuotaOverrides,
+}
+
+/// Where a secret's value is read from: exactly one of the two.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct SecretSource {
+    pub env: Option<String>,
+    /// Relative to the config file; trailing whitespace ignored.
+    pub file: Option<PathBuf>,
+}
+
+/// What one tenant is granted, resolved at startup.
+#[derive(Clone, Debug)]
+pub struct TenantPolicy {
+    pub quotas: Quotas,
+    pub allowed_hosts: AllowedHosts,
+    pub secrets: Arc<BTreeMap<String, String>>,
 }
 
 /// Where the admin token is read from: exactly one of the two.
@@ -38,6 +87,10 @@ pub const MIN_ADMIN_TOKEN: usize = 16;
 
 fn default_listen() -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], 7070))
+}
+
+fn default_shutdown_grace_ms() -> u64 {
+    10_000
 }
 
 fn default_max_component_mib() -> u32 {
@@ -83,6 +136,25 @@ impl ServerConfig {
         if let Some(file) = &mut config.admin_token.file {
             *file = base.join(&*file);
         }
+        let invalid = |message: String| ConfigError::Invalid {
+            path: path.display().to_string(),
+            message,
+        };
+        for (tenant, section) in &mut config.tenants {
+            check_name(tenant).map_err(|e| invalid(format!("[tenants.{tenant}]: {e}")))?;
+            AllowedHosts::new(&section.allow_hosts)
+                .map_err(|e| invalid(format!("[tenants.{tenant}] allow-hosts: {e}")))?;
+            for (name, secret) in &mut section.secrets {
+                if let Some(file) = &mut secret.file {
+                    *file = base.join(&*file);
+                }
+                if secret.env.is_some() == secret.file.is_some() {
+                    return Err(invalid(format!(
+                        "[tenants.{tenant}.secrets] {name}: set exactly one of `env` and `file`"
+                    )));
+                }
+            }
+        }
         match (&config.admin_token.env, &config.admin_token.file) {
             (Some(_), None) | (None, Some(_)) => Ok(config),
             _ => Err(ConfigError::AdminToken {
@@ -90,6 +162,46 @@ impl ServerConfig {
                 message: "set exactly one of `env` and `file` in [admin-token]".to_owned(),
             }),
         }
+    }
+
+    /// What `tenant` is granted: its quotas, allowed hosts and secrets (read now: a secret
+    /// that cannot be read is an error naming it).
+    pub fn tenant_policy(
+        &self,
+        config_path: &Path,
+        tenant: &str,
+    ) -> Result<TenantPolicy, ConfigError> {
+        let section = self.tenants.get(tenant).cloned().unwrap_or_default();
+        let error = |message: String| ConfigError::Invalid {
+            path: config_path.display().to_string(),
+            message: format!("[tenants.{tenant}]: {message}"),
+        };
+        let mut secrets = BTreeMap::new();
+        for (name, source) in &section.secrets {
+            let value = match (&source.env, &source.file) {
+                (Some(var), _) => std::env::var(var).map_err(|_| {
+                    error(format!(
+                        "secret {name}: the environment variable {var} is not set"
+                    ))
+                })?,
+                (None, Some(file)) => std::fs::read_to_string(file)
+                    .map_err(|e| {
+                        error(format!(
+                            "secret {name}: cannot read {}: {e}",
+                            file.display()
+                        ))
+                    })?
+                    .trim_end()
+                    .to_owned(),
+                (None, None) => return Err(error(format!("secret {name}: no source"))),
+            };
+            secrets.insert(name.clone(), value);
+        }
+        Ok(TenantPolicy {
+            quotas: section.quotas.apply(self.quotas),
+            allowed_hosts: AllowedHosts::new(&section.allow_hosts).map_err(error)?,
+            secrets: Arc::new(secrets),
+        })
     }
 
     /// The admin token, from the environment or its file; refused when shorter than

@@ -1,24 +1,46 @@
 //! `rewind serve`: an HTTP/JSON API that hosts many tenants' agents on one machine.
 //!
-//! Built up over issue #6. What is here: the server's configuration (`rewind.toml`), the
-//! tenant registry with hashed tokens, and authentication: an admin token creates tenants and
-//! issues their tokens; every request carries a token (401 without a valid one); a tenant's
-//! token reaches only its own tenant (403 otherwise, whether or not the other exists).
-//! Components are uploaded under a name, checked against the world and precompiled.
+//! An admin token creates tenants and issues their tokens; every request carries a token
+//! (401 without a valid one); a tenant's token reaches only its own tenant (403 otherwise,
+//! whether or not the other exists). A tenant uploads components, defines agents (each
+//! definition a new version), submits events for keys, reads its outputs and its keys'
+//! histories. Each tenant has its own namespace on disk (`tenants/NAME/`: components,
+//! agents, a journal and a state log, both embedded logs) and its own quotas.
 
+mod agents;
 mod api;
 mod config;
+mod journal;
+mod quota;
+mod runtime;
 mod tenants;
 
+use std::collections::HashMap;
 use std::future::Future;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::Semaphore;
 
 use crate::sandbox::Sandbox;
 
-pub use api::router;
-pub use config::{AdminToken, ConfigError, ServerConfig};
+pub use api::{openapi, router};
+pub use config::{AdminToken, ConfigError, SecretSource, ServerConfig, TenantConfig, TenantPolicy};
+pub use quota::{QuotaExceeded, Quotas};
+pub use runtime::{Lifecycle, OpenError, TenantRuntime};
 pub use tenants::{TenantError, Tenants};
+
+/// Why the server could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Tenants(#[from] TenantError),
+    #[error(transparent)]
+    Open(#[from] OpenError),
+}
 
 /// What every request handler shares.
 #[derive(Debug)]
@@ -27,42 +49,102 @@ pub struct ServerState {
     /// SHA-256 of the admin token.
     admin: [u8; 32],
     sandbox: Arc<Sandbox>,
-    /// Each tenant's files are under `state_dir/tenants/NAME/`.
-    state_dir: PathBuf,
+    config: ServerConfig,
+    config_path: PathBuf,
     max_component_bytes: usize,
+    runtimes: tokio::sync::Mutex<HashMap<String, Arc<TenantRuntime>>>,
+    /// One permit per sandbox instance: runs of every tenant take one.
+    host_runs: Arc<Semaphore>,
+    lifecycle: Arc<Lifecycle>,
 }
 
 impl ServerState {
-    pub fn new(
-        config: &ServerConfig,
-        tenants: Tenants,
+    /// Opens the state directory: the tenant registry, and every tenant's runtime (which
+    /// resumes the inputs it had not finished). A tenant section of the configuration that
+    /// cannot be used (a secret that cannot be read) is an error naming it.
+    pub async fn start(
+        config: ServerConfig,
+        config_path: &Path,
         admin_token: &str,
         sandbox: Arc<Sandbox>,
-    ) -> Self {
-        Self {
-            tenants,
+    ) -> Result<Arc<Self>, StartError> {
+        for tenant in config.tenants.keys() {
+            config.tenant_policy(config_path, tenant)?;
+        }
+        let tenants = Tenants::open(&config.state_dir)?;
+        let state = Arc::new(Self {
             admin: tenants::hash(admin_token),
-            sandbox,
-            state_dir: config.state_dir.clone(),
             max_component_bytes: usize::try_from(u64::from(config.max_component_mib) << 20)
                 .unwrap_or(usize::MAX),
+            host_runs: Arc::new(Semaphore::new(sandbox.instances() as usize)),
+            tenants,
+            sandbox,
+            config,
+            config_path: config_path.to_owned(),
+            runtimes: tokio::sync::Mutex::new(HashMap::new()),
+            lifecycle: Arc::new(Lifecycle::default()),
+        });
+        for tenant in state.tenants.names() {
+            state.runtime(&tenant).await?;
         }
+        Ok(state)
+    }
+
+    /// The runtime of `tenant` (which exists), opened on first use.
+    pub async fn runtime(&self, tenant: &str) -> Result<Arc<TenantRuntime>, StartError> {
+        let mut runtimes = self.runtimes.lock().await;
+        if let Some(runtime) = runtimes.get(tenant) {
+            return Ok(Arc::clone(runtime));
+        }
+        let policy = self.config.tenant_policy(&self.config_path, tenant)?;
+        let runtime = TenantRuntime::open(
+            tenant,
+            self.tenant_dir(tenant),
+            policy,
+            Arc::clone(&self.sandbox),
+            Arc::clone(&self.host_runs),
+            Arc::clone(&self.lifecycle),
+        )
+        .await?;
+        runtimes.insert(tenant.to_owned(), Arc::clone(&runtime));
+        Ok(runtime)
     }
 
     /// Where a tenant's files are kept.
     fn tenant_dir(&self, tenant: &str) -> PathBuf {
-        self.state_dir.join("tenants").join(tenant)
+        self.config.state_dir.join("tenants").join(tenant)
+    }
+
+    /// Starts no more inputs and waits, up to `shutdown-grace-ms`, for those running.
+    /// Returns how many had not finished (they run again at the next start).
+    pub async fn stop(&self) -> usize {
+        self.lifecycle
+            .stop(Duration::from_millis(self.config.shutdown_grace_ms))
+            .await
     }
 }
 
-/// Serves the API on `listener` until `shutdown` completes, then stops accepting and lets
-/// the requests in flight finish.
+/// Serves the API on `listener` until `shutdown` completes; then stops accepting, lets the
+/// requests in flight finish, and waits for the inputs running (see [`ServerState::stop`]).
 pub async fn serve(
     listener: tokio::net::TcpListener,
     state: Arc<ServerState>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(state))
+    let lifecycle = Arc::clone(&state.lifecycle);
+    let shutdown = async move {
+        shutdown.await;
+        lifecycle.close_streams();
+    };
+    axum::serve(listener, router(Arc::clone(&state)))
         .with_graceful_shutdown(shutdown)
-        .await
+        .await?;
+    let unfinished = state.stop().await;
+    if unfinished > 0 {
+        tracing::warn!(
+            inputs = unfinished,
+            "stopped with inputs running; they resume at the next start"
+        );
+    }
+    Ok(())
 }

@@ -107,6 +107,11 @@ impl Tenants {
         self.lock().by_token.get(&hash(token)).cloned()
     }
 
+    /// Every tenant, in order.
+    pub fn names(&self) -> Vec<String> {
+        self.lock().file.tenants.keys().cloned().collect()
+    }
+
     pub fn exists(&self, name: &str) -> bool {
         self.lock().file.tenants.contains_key(name)
     }

@@ -1,34 +1,105 @@
 //! The routes, authentication, and errors as JSON: `{"error": "...", "code": "..."}`.
+//!
+//! Every route is declared with `#[utoipa::path]` and registered through `routes!`, so the
+//! OpenAPI document served at `/v1/openapi.json` is generated from the same code that routes.
+
+mod agents;
+mod components;
+mod events;
+mod tenants;
 
 use std::sync::Arc;
 
-use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post, put};
 use axum::{Json, Router};
-use serde::Deserialize;
-use serde_json::json;
-use sha2::Digest as _;
+use serde::Serialize;
+use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
+use utoipa::{Modify, OpenApi, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
-use super::ServerState;
-use super::tenants::{TenantError, check_name, hash};
-use crate::sandbox::LoadError;
+use super::quota::QuotaExceeded;
+use super::runtime::TenantRuntime;
+use super::tenants::{TenantError, hash};
+use super::{ServerState, StartError};
 
-/// The API's routes over `state`.
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "Rewind",
+        description = "Hosts many tenants' agents: components, agents, events, outputs, histories."
+    ),
+    modifiers(&BearerAuth),
+    security(("bearer" = []))
+)]
+struct ApiDoc;
+
+struct BearerAuth;
+
+impl Modify for BearerAuth {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        openapi
+            .components
+            .get_or_insert_default()
+            .add_security_scheme(
+                "bearer",
+                SecurityScheme::Http(Http::new(HttpAuthScheme::Bearer)),
+            );
+    }
+}
+
+/// The routes and the OpenAPI document that describes them.
+fn routes() -> (Router<Arc<ServerState>>, utoipa::openapi::OpenApi) {
+    let (schemas, paths, upload) = routes!(components::upload_component);
+    OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .routes(routes!(tenants::create_tenant))
+        .routes(routes!(tenants::show_tenant))
+        .routes(routes!(tenants::issue_token))
+        .routes(routes!(components::list_components))
+        // The size limit is the server's own (413 with a JSON body), not axum's.
+        .routes((schemas, paths, upload.layer(DefaultBodyLimit::disable())))
+        .routes(routes!(agents::define_agent, agents::list_agents))
+        .routes(routes!(agents::show_agent))
+        .routes(routes!(events::submit_event))
+        .routes(routes!(events::list_outputs))
+        .routes(routes!(events::stream_outputs))
+        .routes(routes!(events::key_history))
+        .split_for_parts()
+}
+
+/// The OpenAPI document of the API.
+pub fn openapi() -> utoipa::openapi::OpenApi {
+    routes().1
+}
+
+/// The API's routes over `state`, and `/v1/openapi.json`.
 pub fn router(state: Arc<ServerState>) -> Router {
-    Router::new()
-        .route("/v1/tenants", post(create_tenant))
-        .route("/v1/tenants/{tenant}", get(show_tenant))
-        .route("/v1/tenants/{tenant}/tokens", post(issue_token))
-        .route("/v1/tenants/{tenant}/components", get(list_components))
+    let (router, document) = routes();
+    let document = document.to_json().unwrap_or_default();
+    router
         .route(
-            "/v1/tenants/{tenant}/components/{name}",
-            // The size limit is the server's own (413 with a JSON body), not axum's.
-            put(upload_component).layer(DefaultBodyLimit::disable()),
+            "/v1/openapi.json",
+            axum::routing::get(move || async move {
+                ([(header::CONTENT_TYPE, "application/json")], document)
+            }),
         )
         .fallback(not_found)
         .with_state(state)
+}
+
+/// The body of every error.
+#[derive(Debug, Serialize, ToSchema)]
+pub(super) struct ErrorBody {
+    /// What is wrong, for a person.
+    error: String,
+    /// What is wrong, for a program: `unauthorized`, `forbidden`, `not-found`,
+    /// `quota-exceeded`, `bad-request`, ...
+    code: String,
+    /// With `quota-exceeded`: the quota's name as in rewind.toml.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    quota: Option<String>,
 }
 
 /// Who made a request.
@@ -38,12 +109,28 @@ enum Caller {
     Tenant(String),
 }
 
+/// What every request for a tenant's resources may answer, besides its own responses.
+#[derive(utoipa::IntoResponses)]
+#[allow(dead_code)] // Only its description is used.
+pub(super) enum TenantErrors {
+    /// No valid token.
+    #[response(status = 401)]
+    Unauthorized(ErrorBody),
+    /// The token does not reach this tenant: the same answer whether or not it exists.
+    #[response(status = 403)]
+    Forbidden(ErrorBody),
+    /// No such tenant, or no such thing of the tenant's as the path names.
+    #[response(status = 404)]
+    NotFound(ErrorBody),
+}
+
 /// An error response.
 #[derive(Debug)]
-struct ApiError {
+pub(super) struct ApiError {
     status: StatusCode,
     code: &'static str,
     message: String,
+    quota: Option<&'static str>,
 }
 
 impl ApiError {
@@ -52,7 +139,20 @@ impl ApiError {
             status,
             code,
             message: message.into(),
+            quota: None,
         }
+    }
+
+    fn internal(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message)
+    }
+
+    fn not_found(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, "not-found", message)
+    }
+
+    fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "bad-request", message)
     }
 
     fn unauthorized() -> Self {
@@ -83,17 +183,38 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let mut response = (
-            self.status,
-            Json(json!({ "error": self.message, "code": self.code })),
-        )
-            .into_response();
+        let body = ErrorBody {
+            error: self.message,
+            code: self.code.to_owned(),
+            quota: self.quota.map(str::to_owned),
+        };
+        let mut response = (self.status, Json(body)).into_response();
         if self.status == StatusCode::UNAUTHORIZED {
             response
                 .headers_mut()
                 .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }
         response
+    }
+}
+
+impl From<QuotaExceeded> for ApiError {
+    fn from(error: QuotaExceeded) -> Self {
+        Self {
+            quota: Some(error.quota),
+            ..Self::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "quota-exceeded",
+                error.to_string(),
+            )
+        }
+    }
+}
+
+impl From<StartError> for ApiError {
+    fn from(error: StartError) -> Self {
+        tracing::error!("opening a tenant: {error}");
+        Self::internal("the server could not open this tenant; try again")
     }
 }
 
@@ -105,11 +226,7 @@ impl From<TenantError> for ApiError {
             TenantError::Missing(_) => (StatusCode::NOT_FOUND, "not-found"),
             TenantError::Unreadable { .. } | TenantError::Write { .. } => {
                 tracing::error!("tenant registry: {error}");
-                return Self::new(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "internal",
-                    "the server could not record this; try again",
-                );
+                return Self::internal("the server could not record this; try again");
             }
         };
         Self::new(status, code, error.to_string())
@@ -146,18 +263,17 @@ fn reaches(caller: &Caller, tenant: &str) -> Result<(), ApiError> {
 
 /// Authenticates a request for a tenant's resources: the caller reaches `tenant` (403
 /// otherwise, before anything about it is looked up), and it exists (404, which only the
-/// admin and the tenant itself can see).
-fn open_tenant(state: &ServerState, headers: &HeaderMap, tenant: &str) -> Result<(), ApiError> {
+/// admin and the tenant itself can see). Returns the tenant's runtime.
+async fn open_tenant(
+    state: &ServerState,
+    headers: &HeaderMap,
+    tenant: &str,
+) -> Result<Arc<TenantRuntime>, ApiError> {
     reaches(&caller(state, headers)?, tenant)?;
-    if state.tenants.exists(tenant) {
-        Ok(())
-    } else {
-        Err(ApiError::new(
-            StatusCode::NOT_FOUND,
-            "not-found",
-            format!("no tenant {tenant}"),
-        ))
+    if !state.tenants.exists(tenant) {
+        return Err(ApiError::not_found(format!("no tenant {tenant}")));
     }
+    Ok(state.runtime(tenant).await?)
 }
 
 /// Compares two digests in time that does not depend on where they differ.
@@ -165,187 +281,10 @@ fn same(a: &[u8; 32], b: &[u8; 32]) -> bool {
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct NewTenant {
-    name: String,
-}
-
-async fn create_tenant(
-    State(state): State<Arc<ServerState>>,
-    headers: HeaderMap,
-    body: axum::body::Bytes,
-) -> Result<(StatusCode, Json<serde_json::Value>), ApiError> {
-    if caller(&state, &headers)? != Caller::Admin {
-        return Err(ApiError::admin_only());
-    }
-    let request: NewTenant = serde_json::from_slice(&body).map_err(|e| {
-        ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "bad-request",
-            format!("expected {{\"name\": \"...\"}}: {e}"),
-        )
-    })?;
-    let token = state.tenants.create(&request.name)?;
-    Ok((
-        StatusCode::CREATED,
-        Json(json!({ "tenant": request.name, "token": token })),
-    ))
-}
-
-async fn issue_token(
-    State(state): State<Arc<ServerState>>,
-    Path(tenant): Path<String>,
-    headers: HeaderMap,
-) -> Result<(StatusCode, Json<serde_json::Value>), ApiError> {
-    if caller(&state, &headers)? != Caller::Admin {
-        return Err(ApiError::admin_only());
-    }
-    let token = state.tenants.issue(&tenant)?;
-    Ok((
-        StatusCode::CREATED,
-        Json(json!({ "tenant": tenant, "token": token })),
-    ))
-}
-
-async fn show_tenant(
-    State(state): State<Arc<ServerState>>,
-    Path(tenant): Path<String>,
-    headers: HeaderMap,
-) -> Result<Json<serde_json::Value>, ApiError> {
-    open_tenant(&state, &headers, &tenant)?;
-    Ok(Json(json!({ "tenant": tenant })))
-}
-
-/// Uploads a component: the raw wasm body, checked against the world as `rewind check`
-/// does, precompiled, and kept under the tenant's namespace.
-async fn upload_component(
-    State(state): State<Arc<ServerState>>,
-    Path((tenant, name)): Path<(String, String)>,
-    headers: HeaderMap,
-    body: axum::body::Body,
-) -> Result<(StatusCode, Json<serde_json::Value>), ApiError> {
-    open_tenant(&state, &headers, &tenant)?;
-    check_name(&name).map_err(|_| {
-        ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "bad-name",
-            format!(
-                "component name {name:?} is not 1 to 63 characters of a-z, 0-9 and '-', starting with a letter or digit"
-            ),
-        )
-    })?;
-    let limit = state.max_component_bytes;
-    let wasm = axum::body::to_bytes(body, limit).await.map_err(|_| {
-        ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "too-large",
-            format!("a component may be at most {limit} bytes (max-component-mib)"),
-        )
-    })?;
-    let origin = format!("component {name}");
-    let checked = Arc::clone(&state);
-    let bytes = wasm.clone();
-    let loaded = tokio::task::spawn_blocking(move || checked.sandbox.load(&origin, &bytes))
-        .await
-        .map_err(|e| {
-            ApiError::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "internal",
-                format!("checking the component failed: {e}"),
-            )
-        })?;
-    if let Err(error) = loaded {
-        let code = match &error {
-            LoadError::NotWasm { .. } => "not-wasm",
-            LoadError::CoreModule { .. } => "core-module",
-            LoadError::Invalid { .. } => "invalid-component",
-            LoadError::World { .. } => "wrong-world",
-            LoadError::Read { .. } => "internal",
-        };
-        let status = if code == "wrong-world" {
-            StatusCode::UNPROCESSABLE_ENTITY
-        } else {
-            StatusCode::BAD_REQUEST
-        };
-        return Err(ApiError::new(status, code, error.to_string()));
-    }
-    let dir = state.tenant_dir(&tenant).join("components");
-    let path = dir.join(format!("{name}.wasm"));
-    write_atomically(&dir, &path, &wasm).map_err(|e| {
-        tracing::error!(path = %path.display(), "storing a component: {e}");
-        ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "internal",
-            "the server could not store the component; try again",
-        )
-    })?;
-    let digest = hex::encode(sha2::Sha256::digest(&wasm));
-    Ok((
-        StatusCode::CREATED,
-        Json(json!({ "component": name, "bytes": wasm.len(), "sha256": digest })),
-    ))
-}
-
-/// The tenant's components, by name, with their sizes.
-async fn list_components(
-    State(state): State<Arc<ServerState>>,
-    Path(tenant): Path<String>,
-    headers: HeaderMap,
-) -> Result<Json<serde_json::Value>, ApiError> {
-    open_tenant(&state, &headers, &tenant)?;
-    let dir = state.tenant_dir(&tenant).join("components");
-    let mut components = Vec::new();
-    match std::fs::read_dir(&dir) {
-        Ok(entries) => {
-            for entry in entries.flatten() {
-                let path = entry.path();
-                let Some(name) = path
-                    .file_name()
-                    .and_then(|n| n.to_str())
-                    .and_then(|n| n.strip_suffix(".wasm"))
-                    .filter(|n| !n.starts_with('.'))
-                else {
-                    continue;
-                };
-                let bytes = entry.metadata().map(|m| m.len()).unwrap_or_default();
-                components.push(json!({ "component": name, "bytes": bytes }));
-            }
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => {
-            tracing::error!(dir = %dir.display(), "listing components: {e}");
-            return Err(ApiError::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "internal",
-                "the server could not list the components; try again",
-            ));
-        }
-    }
-    components.sort_by(|a, b| a["component"].as_str().cmp(&b["component"].as_str()));
-    Ok(Json(json!({ "components": components })))
-}
-
-/// A temporary file, synced, renamed into place, and the directory synced.
-fn write_atomically(
-    dir: &std::path::Path,
-    path: &std::path::Path,
-    bytes: &[u8],
-) -> std::io::Result<()> {
-    std::fs::create_dir_all(dir)?;
-    // Unique, so that two uploads of one name at once do not write one temporary file.
-    let temp = dir.join(format!(".upload-{:016x}.tmp", rand::random::<u64>()));
-    let mut out = std::fs::File::create(&temp)?;
-    std::io::Write::write_all(&mut out, bytes)?;
-    out.sync_all()?;
-    std::fs::rename(&temp, path)?;
-    std::fs::File::open(dir)?.sync_all()
-}
-
 async fn not_found(State(state): State<Arc<ServerState>>, headers: HeaderMap) -> ApiError {
     // Authentication first: an unauthenticated caller learns nothing about the routes.
     match caller(&state, &headers) {
         Err(error) => error,
-        Ok(_) => ApiError::new(StatusCode::NOT_FOUND, "not-found", "no such route"),
+        Ok(_) => ApiError::not_found("no such route"),
     }
 }

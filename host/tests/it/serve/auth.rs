@@ -1,64 +1,22 @@
-//! `rewind serve` (issue #6, first part): tenants, tokens and who may reach what.
+//! Tenants, tokens, who may reach what, and uploads.
 
 use std::io::{BufRead as _, BufReader};
 use std::process::{Command, Stdio};
-use std::sync::Arc;
 
 use reqwest::StatusCode;
-use rewind_host::server::{ServerConfig, ServerState, Tenants};
-use serde_json::{Value, json};
+use serde_json::json;
 
-use crate::support::{guest, sandbox};
+use super::{ADMIN, Server, create, send};
+use crate::support::guest;
 
-const ADMIN: &str = "admin-token-for-the-tests";
-
-/// A server on an ephemeral port over `state_dir`; its base URL.
+/// A server over `state_dir`; its base URL.
 async fn start(state_dir: &std::path::Path) -> String {
     start_with(state_dir, "").await
 }
 
 /// The same, with `extra` lines at the top of its rewind.toml.
 async fn start_with(state_dir: &std::path::Path, extra: &str) -> String {
-    let config = ServerConfig::parse(
-        &state_dir.join("rewind.toml"),
-        &format!("{extra}\nstate-dir = \".\"\n[admin-token]\nenv = \"UNUSED\"\n"),
-    )
-    .expect("config");
-    let tenants = Tenants::open(state_dir).expect("the registry opens");
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    let state = Arc::new(ServerState::new(&config, tenants, ADMIN, sandbox()));
-    tokio::spawn(rewind_host::server::serve(
-        listener,
-        state,
-        std::future::pending(),
-    ));
-    format!("http://{addr}")
-}
-
-async fn send(request: reqwest::RequestBuilder, token: Option<&str>) -> (StatusCode, Value) {
-    let request = match token {
-        Some(token) => request.bearer_auth(token),
-        None => request,
-    };
-    let response = request.send().await.expect("the server answers");
-    let status = response.status();
-    let body = response.json().await.unwrap_or(Value::Null);
-    (status, body)
-}
-
-async fn create(client: &reqwest::Client, base: &str, name: &str) -> String {
-    let (status, body) = send(
-        client
-            .post(format!("{base}/v1/tenants"))
-            .json(&json!({ "name": name })),
-        Some(ADMIN),
-    )
-    .await;
-    assert_eq!(status, StatusCode::CREATED, "{body}");
-    body["token"].as_str().expect("a token").to_owned()
+    Server::start(state_dir, extra).await.base
 }
 
 #[tokio::test]

@@ -1,0 +1,235 @@
+//! A tenant's agents. Each definition (an agent.toml) is a new version, kept on disk under
+//! `agents/NAME/VERSION/` with the components it names pinned beside it, so that an input
+//! accepted for a version runs on that version whatever is defined or uploaded after.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use super::config::TenantPolicy;
+use super::quota::{LimitsGiven, QuotaExceeded};
+use super::tenants::check_name;
+use crate::agent::{Agent, AgentFile, Secrets};
+use crate::durable::CallBudget;
+use crate::sandbox::Sandbox;
+use crate::store::ActionStateStore;
+
+/// Why a definition was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum DefineError {
+    /// Not a valid agent.toml, or one the server does not run.
+    #[error("{0}")]
+    Invalid(String),
+    #[error(
+        "action `{action}` names component `{component}`, which this tenant has not uploaded \
+         (PUT /v1/tenants/{{tenant}}/components/{component})"
+    )]
+    UnknownComponent { action: String, component: String },
+    #[error(transparent)]
+    Quota(#[from] QuotaExceeded),
+    /// The agent could not be built: a function's host or secret, a component.
+    #[error("{0}")]
+    Build(String),
+    #[error("storing the definition: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// The versions of one agent; the newest takes new inputs.
+#[derive(Debug, Default)]
+pub struct Versions {
+    /// A version that could not be loaded at startup keeps why.
+    pub loaded: BTreeMap<u32, Result<Arc<Agent>, String>>,
+}
+
+impl Versions {
+    pub fn current(&self) -> Option<u32> {
+        self.loaded.keys().next_back().copied()
+    }
+}
+
+/// What building a tenant's agents needs.
+#[derive(Debug, Clone)]
+pub struct Builder {
+    pub tenant: String,
+    pub sandbox: Arc<Sandbox>,
+    pub store: Arc<dyn ActionStateStore>,
+    pub policy: TenantPolicy,
+    pub budget: Arc<dyn CallBudget>,
+}
+
+const FILE: &str = "agent.toml";
+
+impl Builder {
+    /// Builds the agent of `text`, whose components are in `components` by action name
+    /// (`ACTION.wasm`). With `strict`, limits the file sets above a quota are refused;
+    /// otherwise (loading a version defined earlier under other quotas) they are lowered.
+    fn build(&self, dir: &Path, text: &str, strict: bool) -> Result<Agent, DefineError> {
+        let mut file = AgentFile::parse(&dir.join(FILE), text)
+            .map_err(|e| DefineError::Invalid(e.to_string()))?;
+        let raw: toml::Table =
+            toml::from_str(text).map_err(|e| DefineError::Invalid(e.to_string()))?;
+        if raw.contains_key("state") {
+            return Err(DefineError::Invalid(
+                "[state] does not apply to an agent that `rewind serve` runs: the server keeps \
+                 its state"
+                    .to_owned(),
+            ));
+        }
+        let given = if strict {
+            let limit = |key: &str| raw.get("limits").and_then(|l| l.get(key)).is_some();
+            LimitsGiven {
+                memory_mib: limit("memory-mib"),
+                fuel: limit("fuel"),
+                timeout_ms: limit("timeout-ms"),
+                parallelism: raw.contains_key("parallelism"),
+            }
+        } else {
+            LimitsGiven::default()
+        };
+        let config = &mut file.config;
+        self.policy
+            .quotas
+            .fit(&mut config.limits, &mut config.parallelism, given)?;
+        for action in &mut config.actions {
+            action.component = PathBuf::from(format!("{}.wasm", action.name));
+        }
+        Agent::builder(file, Arc::clone(&self.sandbox))
+            .tenant(&self.tenant)
+            .store(Arc::clone(&self.store))
+            .secrets(Secrets::Named {
+                tenant: self.tenant.clone(),
+                values: Arc::clone(&self.policy.secrets),
+            })
+            .allowed_hosts(self.policy.allowed_hosts.clone())
+            .call_budget(Arc::clone(&self.budget))
+            .build()
+            .map_err(|e| DefineError::Build(e.to_string()))
+    }
+
+    /// Defines a new version of the agent in `text`: checks it, pins its components (from
+    /// `tenant_dir/components`), builds it, and stores it. Returns its name, version and
+    /// agent. Callers define one agent of a tenant at a time.
+    pub fn define(
+        &self,
+        tenant_dir: &Path,
+        text: &str,
+    ) -> Result<(String, u32, Arc<Agent>), DefineError> {
+        let file = AgentFile::parse(Path::new(FILE), text)
+            .map_err(|e| DefineError::Invalid(e.to_string()))?;
+        let name = file.config.name.clone();
+        check_name(&name).map_err(|_| {
+            DefineError::Invalid(format!(
+                "agent name {name:?} is not 1 to 63 characters of a-z, 0-9 and '-', starting \
+                 with a letter or digit"
+            ))
+        })?;
+        let agent_dir = tenant_dir.join("agents").join(&name);
+        let version = versions_on_disk(&agent_dir)?.last().map_or(1, |v| v + 1);
+        let temp = agent_dir.join(format!(".define-{:016x}", rand::random::<u64>()));
+        std::fs::create_dir_all(&temp)?;
+        let defined = (|| {
+            for action in &file.config.actions {
+                let component = action.component.to_string_lossy();
+                let component = component.strip_suffix(".wasm").unwrap_or(&component);
+                let source = tenant_dir
+                    .join("components")
+                    .join(format!("{component}.wasm"));
+                if check_name(component).is_err() || !source.is_file() {
+                    return Err(DefineError::UnknownComponent {
+                        action: action.name.clone(),
+                        component: component.to_owned(),
+                    });
+                }
+                let pinned = temp.join(format!("{}.wasm", action.name));
+                // Uploads replace a component by rename, so the linked file never changes.
+                if std::fs::hard_link(&source, &pinned).is_err() {
+                    std::fs::copy(&source, &pinned)?;
+                }
+            }
+            std::fs::write(temp.join(FILE), text)?;
+            std::fs::File::open(temp.join(FILE))?.sync_all()?;
+            let agent = self.build(&temp, text, true)?;
+            std::fs::File::open(&temp)?.sync_all()?;
+            let dir = agent_dir.join(version.to_string());
+            std::fs::rename(&temp, &dir)?;
+            std::fs::File::open(&agent_dir)?.sync_all()?;
+            Ok(agent)
+        })();
+        match defined {
+            Ok(agent) => Ok((name, version, Arc::new(agent))),
+            Err(error) => {
+                let _ = std::fs::remove_dir_all(&temp);
+                Err(error)
+            }
+        }
+    }
+
+    /// Loads every version of every agent under `tenant_dir/agents`.
+    pub fn load_all(&self, tenant_dir: &Path) -> std::io::Result<BTreeMap<String, Versions>> {
+        let mut agents = BTreeMap::new();
+        let root = tenant_dir.join("agents");
+        let entries = match std::fs::read_dir(&root) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(agents),
+            Err(e) => return Err(e),
+        };
+        for entry in entries {
+            let entry = entry?;
+            let Some(name) = entry.file_name().to_str().map(str::to_owned) else {
+                continue;
+            };
+            if name.starts_with('.') {
+                continue;
+            }
+            let mut versions = Versions::default();
+            for version in versions_on_disk(&entry.path())? {
+                let dir = entry.path().join(version.to_string());
+                let loaded = std::fs::read_to_string(dir.join(FILE))
+                    .map_err(DefineError::Io)
+                    .and_then(|text| self.build(&dir, &text, false))
+                    .map(Arc::new)
+                    .map_err(|e| {
+                        tracing::error!(tenant = %self.tenant, agent = %name, version,
+                            "this version cannot be loaded; its inputs fail: {e}");
+                        format!("version {version} of agent {name} cannot be loaded: {e}")
+                    });
+                versions.loaded.insert(version, loaded);
+            }
+            agents.insert(name, versions);
+        }
+        Ok(agents)
+    }
+}
+
+/// The agent.toml of a version, as it was posted.
+pub fn definition(tenant_dir: &Path, agent: &str, version: u32) -> std::io::Result<String> {
+    std::fs::read_to_string(
+        tenant_dir
+            .join("agents")
+            .join(agent)
+            .join(version.to_string())
+            .join(FILE),
+    )
+}
+
+/// The versions stored under `agent_dir`, in order.
+fn versions_on_disk(agent_dir: &Path) -> std::io::Result<Vec<u32>> {
+    let mut versions = Vec::new();
+    match std::fs::read_dir(agent_dir) {
+        Ok(entries) => {
+            for entry in entries {
+                if let Some(version) = entry?
+                    .file_name()
+                    .to_str()
+                    .and_then(|n| n.parse::<u32>().ok())
+                {
+                    versions.push(version);
+                }
+            }
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    versions.sort_unstable();
+    Ok(versions)
+}

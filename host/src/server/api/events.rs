@@ -1,0 +1,285 @@
+//! Events in, outputs out (listed or followed as server-sent events), and a key's history.
+
+// `#[utoipa::path]` expands `params(SomeQuery)` into paths this lint flags.
+#![allow(unused_qualifications)]
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Json;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use futures_util::Stream;
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+use tokio::sync::watch;
+use utoipa::{IntoParams, ToSchema};
+
+use super::{ApiError, ErrorBody, TenantErrors, open_tenant};
+use crate::server::ServerState;
+use crate::server::runtime::{
+    HistoryEntry, PositionedOutput, Submission, SubmitError, Submitted, TenantRuntime,
+};
+
+/// The longest event id and key accepted, in bytes.
+const MAX_ID: usize = 256;
+const MAX_KEY: usize = 1024;
+/// Outputs returned at most by one list request.
+const MAX_OUTPUTS: usize = 1000;
+
+/// An event for one of the agent's keys.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(super) struct NewEvent {
+    /// The client's id for this event: submitting it again (a retry) does not process it
+    /// twice, and returns what the first submission got.
+    id: String,
+    /// Inputs of one key run one at a time, in the order they were accepted.
+    key: String,
+    /// Any JSON; the agent's `input` event carries it.
+    #[schema(value_type = Object)]
+    payload: Box<RawValue>,
+}
+
+/// Submits an event for a key. Accepted (202) once it is durable in the tenant's journal;
+/// a retry with the same `id` gets 200 and what the first submission got.
+#[utoipa::path(post, path = "/v1/tenants/{tenant}/agents/{agent}/events", tag = "events",
+    params(("tenant" = String, Path), ("agent" = String, Path)),
+    request_body = NewEvent,
+    responses(
+        (status = 202, description = "Accepted", body = Submitted),
+        (status = 200, description = "Accepted before (a retry); nothing new done", body = Submitted),
+        (status = 400, description = "Not a valid event", body = ErrorBody),
+        (status = 409, description = "`event-id-reused` for another event, or `event-in-progress`", body = ErrorBody),
+        (status = 429, description = "Over `queued-inputs`, `calls-per-minute` or `stored-bytes`", body = ErrorBody),
+        (status = 503, description = "The server is stopping", body = ErrorBody),
+        TenantErrors,
+    ))]
+pub(super) async fn submit_event(
+    State(state): State<Arc<ServerState>>,
+    Path((tenant, agent)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Result<(StatusCode, Json<Submitted>), ApiError> {
+    let runtime = open_tenant(&state, &headers, &tenant).await?;
+    let event: NewEvent = serde_json::from_slice(&body).map_err(|e| {
+        ApiError::bad_request(format!(
+            "expected {{\"id\": \"...\", \"key\": \"...\", \"payload\": <json>}}: {e}"
+        ))
+    })?;
+    for (what, value, max) in [("id", &event.id, MAX_ID), ("key", &event.key, MAX_KEY)] {
+        if value.is_empty() || value.len() > max {
+            return Err(ApiError::bad_request(format!(
+                "`{what}` must be 1 to {max} bytes"
+            )));
+        }
+    }
+    let submitted = runtime
+        .submit(Submission {
+            agent,
+            event_id: event.id,
+            key: event.key,
+            payload: event.payload,
+        })
+        .await
+        .map_err(|error| match error {
+            SubmitError::UnknownAgent(_) => ApiError::not_found(error.to_string()),
+            SubmitError::Reused { .. } => {
+                ApiError::new(StatusCode::CONFLICT, "event-id-reused", error.to_string())
+            }
+            SubmitError::InProgress { .. } => {
+                ApiError::new(StatusCode::CONFLICT, "event-in-progress", error.to_string())
+            }
+            SubmitError::Quota(quota) => quota.into(),
+            SubmitError::Stopping => ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "stopping",
+                error.to_string(),
+            ),
+            SubmitError::Log(_) => {
+                tracing::error!(tenant, "accepting an event: {error}");
+                ApiError::internal("the server could not accept the event; try again")
+            }
+        })?;
+    let status = if submitted.duplicate {
+        StatusCode::OK
+    } else {
+        StatusCode::ACCEPTED
+    };
+    Ok((status, Json(submitted)))
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub(super) struct OutputsQuery {
+    /// Outputs after this position (0, the default: from the first).
+    #[serde(default)]
+    after: u64,
+    /// At most this many (default and most: 1000).
+    limit: Option<usize>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub(super) struct OutputList {
+    outputs: Vec<PositionedOutput>,
+    /// Where the next request starts: `after` = this.
+    next: u64,
+}
+
+/// The tenant's outputs after a position, oldest first. Positions are the tenant's own:
+/// 1 for its first output, one more for each after.
+#[utoipa::path(get, path = "/v1/tenants/{tenant}/outputs", tag = "events",
+    params(("tenant" = String, Path), OutputsQuery),
+    responses(
+        (status = 200, description = "The outputs", body = OutputList),
+        TenantErrors,
+    ))]
+pub(super) async fn list_outputs(
+    State(state): State<Arc<ServerState>>,
+    Path(tenant): Path<String>,
+    Query(query): Query<OutputsQuery>,
+    headers: HeaderMap,
+) -> Result<Json<OutputList>, ApiError> {
+    let runtime = open_tenant(&state, &headers, &tenant).await?;
+    let limit = query.limit.unwrap_or(MAX_OUTPUTS).clamp(1, MAX_OUTPUTS);
+    let outputs = runtime
+        .outputs_after(query.after, limit)
+        .await
+        .map_err(|e| {
+            tracing::error!(tenant, "reading outputs: {e}");
+            ApiError::internal("the server could not read the outputs; try again")
+        })?;
+    let next = outputs.last().map_or(query.after, |o| o.position);
+    Ok(Json(OutputList { outputs, next }))
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub(super) struct StreamQuery {
+    /// Outputs after this position; a `Last-Event-ID` header, sent by a reconnecting
+    /// client, takes precedence. Default 0: from the first.
+    #[serde(default)]
+    after: u64,
+}
+
+/// Follows the tenant's outputs as server-sent events: each is an `output` event whose id
+/// is its position and whose data is the output as `GET .../outputs` lists it. The stream
+/// stays open, sending outputs as they are written, until the server stops.
+#[utoipa::path(get, path = "/v1/tenants/{tenant}/outputs/stream", tag = "events",
+    params(("tenant" = String, Path), StreamQuery,
+        ("Last-Event-ID" = Option<u64>, Header, description = "Resume after this position")),
+    responses(
+        (status = 200, description = "A stream of `output` events", content_type = "text/event-stream", body = String),
+        TenantErrors,
+    ))]
+pub(super) async fn stream_outputs(
+    State(state): State<Arc<ServerState>>,
+    Path(tenant): Path<String>,
+    Query(query): Query<StreamQuery>,
+    headers: HeaderMap,
+) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
+    let runtime = open_tenant(&state, &headers, &tenant).await?;
+    let after = headers
+        .get("last-event-id")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(query.after);
+    let follow = Follow {
+        changes: runtime.watch_outputs(),
+        runtime,
+        position: after,
+        buffer: VecDeque::new(),
+        closing: state.lifecycle.closing(),
+    };
+    let stream = futures_util::stream::unfold(follow, |mut follow| async move {
+        let event = follow.next().await?;
+        Some((Ok(event), follow))
+    });
+    Ok(Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))))
+}
+
+/// A client following the outputs.
+struct Follow {
+    runtime: Arc<TenantRuntime>,
+    changes: watch::Receiver<u64>,
+    position: u64,
+    buffer: VecDeque<PositionedOutput>,
+    closing: watch::Receiver<bool>,
+}
+
+impl Follow {
+    /// The next output event; `None` when the stream ends (the server is stopping).
+    async fn next(&mut self) -> Option<Event> {
+        loop {
+            if let Some(output) = self.buffer.pop_front() {
+                return Some(
+                    Event::default()
+                        .event("output")
+                        .id(output.position.to_string())
+                        .json_data(&output)
+                        .unwrap_or_else(|_| Event::default().comment("unencodable output")),
+                );
+            }
+            if *self.closing.borrow() {
+                return None;
+            }
+            // Seen before reading: a write after this read wakes the wait below.
+            self.changes.borrow_and_update();
+            match self.runtime.outputs_after(self.position, 256).await {
+                Ok(batch) if !batch.is_empty() => {
+                    self.position = batch.last().map_or(self.position, |o| o.position);
+                    self.buffer.extend(batch);
+                }
+                Ok(_) => {
+                    tokio::select! {
+                        changed = self.changes.changed() => changed.ok()?,
+                        _ = self.closing.changed() => return None,
+                    }
+                }
+                Err(error) => {
+                    tracing::error!(tenant = %self.runtime.name(), "following outputs: {error}");
+                    return None;
+                }
+            }
+        }
+    }
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub(super) struct KeyHistory {
+    agent: String,
+    key: String,
+    /// Oldest first.
+    inputs: Vec<HistoryEntry>,
+}
+
+/// What happened to one key of an agent: each input, with its status, its actions, and
+/// their recorded calls.
+#[utoipa::path(get, path = "/v1/tenants/{tenant}/agents/{agent}/keys/{key}/history", tag = "events",
+    params(("tenant" = String, Path), ("agent" = String, Path), ("key" = String, Path)),
+    responses(
+        (status = 200, description = "The key's history", body = KeyHistory),
+        TenantErrors,
+    ))]
+pub(super) async fn key_history(
+    State(state): State<Arc<ServerState>>,
+    Path((tenant, agent, key)): Path<(String, String, String)>,
+    headers: HeaderMap,
+) -> Result<Json<KeyHistory>, ApiError> {
+    let runtime = open_tenant(&state, &headers, &tenant).await?;
+    if !runtime.agents().contains_key(&agent) {
+        return Err(ApiError::not_found(format!("no agent {agent}")));
+    }
+    let inputs = runtime
+        .history(&agent, &key)
+        .await
+        .map_err(|e| {
+            tracing::error!(tenant, agent, "reading a key's history: {e}");
+            ApiError::internal("the server could not read the history; try again")
+        })?
+        .ok_or_else(|| ApiError::not_found(format!("agent {agent} has no inputs for key {key}")))?;
+    Ok(Json(KeyHistory { agent, key, inputs }))
+}

@@ -1,0 +1,186 @@
+//! A tenant's journal, on its own embedded log: the events it accepted, the inputs that
+//! finished, and the outputs they produced.
+//!
+//! Partition [`INPUTS`] holds [`InputRecord`]s in the order they were written: an event is
+//! accepted once its `accepted` record is durable; an input is finished once its `finished`
+//! record is. Partition [`OUTPUTS`] holds [`OutputRecord`]s; an output's position is its
+//! offset + 1, so reading "after position 0" reads them all. An input's outputs are written
+//! with (and before) its `finished` record; a crash between the two leaves outputs of an
+//! unfinished input, which recovery finds so that the rerun does not write them twice.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+
+use crate::log::{Log, LogError, Offset, Record};
+
+pub const INPUTS: u32 = 0;
+pub const OUTPUTS: u32 = 1;
+pub const PARTITIONS: u32 = 2;
+
+/// Records read at a time when scanning.
+const SCAN_BATCH: usize = 1024;
+
+/// A record of the inputs partition. Externally tagged (`{"accepted": {..}}`): an
+/// internally tagged enum cannot hold the raw JSON of a payload.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum InputRecord {
+    Accepted(Accepted),
+    Finished(Finished),
+}
+
+/// An event accepted for a key: it becomes that key's `sequence`-th input.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Accepted {
+    pub agent: String,
+    /// The client's event id: a retried submission with the same id is not accepted twice.
+    pub event_id: String,
+    pub key: String,
+    pub sequence: u64,
+    /// The agent version the input runs on, whatever versions are defined after.
+    pub version: u32,
+    pub payload: Box<RawValue>,
+    /// Milliseconds since the Unix epoch.
+    pub accepted_at: u64,
+}
+
+/// An input that finished: completed, or failed for good.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Finished {
+    pub agent: String,
+    pub key: String,
+    pub sequence: u64,
+    pub status: InputStatus,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    pub outputs: u32,
+    /// What its actions did, for the key's history.
+    pub actions: Vec<ActionSummary>,
+    /// The key's short-term memory after it.
+    pub memory: BTreeMap<String, String>,
+    pub finished_at: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum InputStatus {
+    /// Accepted, waiting for its turn.
+    Queued,
+    /// Its actions are running (or it was running when the server stopped).
+    Running,
+    Completed,
+    Failed,
+}
+
+/// One action run of an input, as recorded.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct ActionSummary {
+    pub action: String,
+    /// The kind of the event that triggered it.
+    pub event: String,
+    pub completed: bool,
+    pub calls: Vec<CallSummary>,
+}
+
+/// One recorded durable call.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct CallSummary {
+    pub index: u32,
+    pub function: String,
+    /// `pending`, `succeeded` or `failed`.
+    pub status: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// An output event that left one of the tenant's agents.
+#[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct OutputRecord {
+    pub agent: String,
+    pub key: String,
+    pub sequence: u64,
+    /// Position among the outputs of its input, from 0.
+    pub index: u32,
+    pub event_id: String,
+    #[schema(value_type = Object)]
+    pub payload: Box<RawValue>,
+}
+
+impl InputRecord {
+    pub fn encode(&self) -> Vec<u8> {
+        // A record of plain data always serialises.
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+}
+
+impl OutputRecord {
+    pub fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+}
+
+/// Why the journal could not be read back.
+#[derive(Debug, thiserror::Error)]
+pub enum JournalError {
+    #[error(transparent)]
+    Log(#[from] LogError),
+    #[error("partition {partition}, offset {offset}: {message}")]
+    Decode {
+        partition: u32,
+        offset: Offset,
+        message: String,
+    },
+}
+
+/// Calls `each` with every record of `partition`, decoded, in offset order.
+pub async fn scan<T: for<'de> Deserialize<'de>>(
+    log: &dyn Log,
+    partition: u32,
+    mut each: impl FnMut(Offset, T),
+) -> Result<(), JournalError> {
+    let (mut next, end) = log.bounds(partition).await?;
+    while next < end {
+        let records = log.read(partition, next, SCAN_BATCH).await?;
+        let Some(last) = records.last() else { break };
+        next = last.offset + 1;
+        for record in records {
+            each(record.offset, decode(partition, &record)?);
+        }
+    }
+    Ok(())
+}
+
+/// Reads the one record at `offset` of `partition`.
+pub async fn read_one<T: for<'de> Deserialize<'de>>(
+    log: &dyn Log,
+    partition: u32,
+    offset: Offset,
+) -> Result<Option<T>, JournalError> {
+    let records = log.read(partition, offset, 1).await?;
+    records
+        .first()
+        .filter(|r| r.offset == offset)
+        .map(|record| decode(partition, record))
+        .transpose()
+}
+
+pub fn decode<T: for<'de> Deserialize<'de>>(
+    partition: u32,
+    record: &Record,
+) -> Result<T, JournalError> {
+    serde_json::from_slice(&record.payload).map_err(|e| JournalError::Decode {
+        partition,
+        offset: record.offset,
+        message: e.to_string(),
+    })
+}
+
+/// Milliseconds since the Unix epoch, now.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or_default()
+}

@@ -1,0 +1,1008 @@
+//! One tenant's runtime: its journal and state log (its own namespace on disk), its agents,
+//! its keys' queues, and its quotas. Everything a request does for a tenant goes through here.
+
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use serde_json::value::RawValue;
+use sha2::Digest as _;
+use tokio::sync::{Notify, Semaphore, watch};
+
+use super::agents::{Builder, DefineError, Versions};
+use super::config::TenantPolicy;
+use super::journal::{
+    self, Accepted, ActionSummary, CallSummary, Finished, INPUTS, InputRecord, InputStatus,
+    JournalError, OUTPUTS, OutputRecord,
+};
+use super::quota::{CallsPerMinute, QuotaExceeded};
+use crate::agent::Agent;
+use crate::event::Input;
+use crate::log::{FileLog, FileLogOptions, Log, LogError, Offset, Recovery};
+use crate::sandbox::Sandbox;
+use crate::store::{
+    ActionStateStore, CallOutcome, KeyScope, LogStore, Marker, MarkerStrategy, StoreError,
+};
+
+/// Partitions of a tenant's state log.
+const STATE_PARTITIONS: u32 = 4;
+/// How stale the stored-bytes figure may be before the tenant's directory is walked again.
+const STORED_REFRESH: Duration = Duration::from_millis(500);
+
+/// What the server's tenants share: whether it is stopping, and how many inputs run.
+#[derive(Debug)]
+pub struct Lifecycle {
+    stopping: AtomicBool,
+    running: AtomicUsize,
+    idle: Notify,
+    /// True once the server stops accepting requests: streams end.
+    closing: watch::Sender<bool>,
+}
+
+impl Default for Lifecycle {
+    fn default() -> Self {
+        Self {
+            stopping: AtomicBool::new(false),
+            running: AtomicUsize::new(0),
+            idle: Notify::new(),
+            closing: watch::channel(false).0,
+        }
+    }
+}
+
+impl Lifecycle {
+    /// Ends every output stream (so that the HTTP server can finish its connections).
+    pub fn close_streams(&self) {
+        self.closing.send_replace(true);
+    }
+
+    pub fn closing(&self) -> watch::Receiver<bool> {
+        self.closing.subscribe()
+    }
+
+    pub fn stopping(&self) -> bool {
+        self.stopping.load(Ordering::SeqCst)
+    }
+
+    /// No input starts from now on; waits up to `grace` for those running to finish.
+    /// Returns how many were still running (they resume at the next start).
+    pub async fn stop(&self, grace: Duration) -> usize {
+        self.stopping.store(true, Ordering::SeqCst);
+        let deadline = tokio::time::Instant::now() + grace;
+        loop {
+            let idle = self.idle.notified();
+            let running = self.running.load(Ordering::SeqCst);
+            if running == 0 {
+                return 0;
+            }
+            if tokio::time::timeout_at(deadline, idle).await.is_err() {
+                return self.running.load(Ordering::SeqCst);
+            }
+        }
+    }
+
+    fn started(&self) {
+        self.running.fetch_add(1, Ordering::SeqCst);
+    }
+
+    fn finished(&self) {
+        if self.running.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.idle.notify_waiters();
+        }
+    }
+}
+
+/// Why a tenant's runtime could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    #[error("tenant {tenant}: opening {what}: {error}")]
+    Log {
+        tenant: String,
+        what: &'static str,
+        error: LogError,
+    },
+    #[error("tenant {tenant}: reading its journal: {error}")]
+    Journal { tenant: String, error: JournalError },
+    #[error("tenant {tenant}: recovering its recorded calls: {error}")]
+    Store { tenant: String, error: StoreError },
+    #[error("tenant {tenant}: loading its agents: {error}")]
+    Agents {
+        tenant: String,
+        error: std::io::Error,
+    },
+}
+
+/// Why a submission was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum SubmitError {
+    #[error("no agent {0}")]
+    UnknownAgent(String),
+    #[error(
+        "event id {id} was accepted before with another key or payload; an event id names one \
+         event"
+    )]
+    Reused { id: String },
+    #[error("event id {id} is being accepted by another request; retry")]
+    InProgress { id: String },
+    #[error(transparent)]
+    Quota(#[from] QuotaExceeded),
+    #[error("the server is stopping")]
+    Stopping,
+    #[error("the journal did not accept the event: {0}")]
+    Log(#[from] LogError),
+}
+
+/// An event submitted for a key.
+#[derive(Debug)]
+pub struct Submission {
+    pub agent: String,
+    pub event_id: String,
+    pub key: String,
+    pub payload: Box<RawValue>,
+}
+
+/// What became of a submission.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+pub struct Submitted {
+    pub event_id: String,
+    pub key: String,
+    pub sequence: u64,
+    pub version: u32,
+    /// The event had been accepted before (a retried submission); nothing new was done.
+    pub duplicate: bool,
+}
+
+/// One input in a key's history.
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
+pub struct HistoryEntry {
+    pub sequence: u64,
+    pub event_id: String,
+    pub version: u32,
+    #[schema(value_type = Object)]
+    pub payload: Box<RawValue>,
+    pub accepted_at: u64,
+    pub status: InputStatus,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<u64>,
+    pub outputs: u32,
+    pub actions: Vec<ActionSummary>,
+}
+
+/// An output and its position in the tenant's output stream.
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
+pub struct PositionedOutput {
+    pub position: u64,
+    #[serde(flatten)]
+    pub output: OutputRecord,
+}
+
+/// An accepted event, for retried submissions.
+#[derive(Clone, Debug)]
+enum EventEntry {
+    /// Its `accepted` record is being written.
+    Reserved,
+    Accepted {
+        key: String,
+        sequence: u64,
+        version: u32,
+        digest: [u8; 32],
+    },
+}
+
+/// An input waiting for its key's turn.
+#[derive(Clone, Debug)]
+struct Queued {
+    sequence: u64,
+    version: u32,
+    event_id: String,
+    payload: Box<RawValue>,
+}
+
+#[derive(Debug, Default)]
+struct KeyState {
+    next_sequence: u64,
+    memory: BTreeMap<String, String>,
+    queue: VecDeque<Queued>,
+    /// A worker is draining the queue.
+    working: bool,
+    /// The sequence running now.
+    running: Option<u64>,
+    /// Every input: (sequence, offset of `accepted`, offset of `finished`).
+    history: Vec<(u64, Offset, Option<Offset>)>,
+    /// Serialises this key's submissions, so that sequences are accepted in order.
+    intake: Arc<tokio::sync::Mutex<()>>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    events: HashMap<(String, String), EventEntry>,
+    keys: HashMap<(String, String), KeyState>,
+    /// Accepted and not finished.
+    in_flight: u64,
+    /// Outputs found in the journal for inputs that had not finished when the server
+    /// stopped: (agent, key, sequence, index). Their rerun does not write them again.
+    written: HashSet<(String, String, u64, u32)>,
+}
+
+/// A tenant's runtime.
+#[derive(Debug)]
+pub struct TenantRuntime {
+    name: String,
+    dir: PathBuf,
+    policy: TenantPolicy,
+    journal: Arc<dyn Log>,
+    store: Arc<LogStore>,
+    budget: Arc<CallsPerMinute>,
+    builder: Builder,
+    /// The tenant's `concurrent-runs`.
+    runs: Arc<Semaphore>,
+    /// The host's sandbox instances, shared by every tenant.
+    host_runs: Arc<Semaphore>,
+    lifecycle: Arc<Lifecycle>,
+    agents: RwLock<BTreeMap<String, Versions>>,
+    defining: tokio::sync::Mutex<()>,
+    inner: Mutex<Inner>,
+    /// The position of the newest output.
+    outputs: watch::Sender<u64>,
+    stored: Mutex<(Option<Instant>, u64)>,
+}
+
+impl TenantRuntime {
+    /// Opens the tenant's namespace under `dir` (creating it when new), recovers what it
+    /// accepted, and starts the inputs that had not finished.
+    pub async fn open(
+        name: &str,
+        dir: PathBuf,
+        policy: TenantPolicy,
+        sandbox: Arc<Sandbox>,
+        host_runs: Arc<Semaphore>,
+        lifecycle: Arc<Lifecycle>,
+    ) -> Result<Arc<Self>, OpenError> {
+        let log_error = |what, error| OpenError::Log {
+            tenant: name.to_owned(),
+            what,
+            error,
+        };
+        let open_log = |sub: &str, partitions| {
+            FileLog::open(
+                &dir.join(sub),
+                FileLogOptions {
+                    partitions,
+                    recovery: Recovery::TruncateTornTail,
+                    ..FileLogOptions::default()
+                },
+            )
+            .map(|(log, _)| Arc::new(log) as Arc<dyn Log>)
+        };
+        let journal =
+            open_log("journal", journal::PARTITIONS).map_err(|e| log_error("its journal", e))?;
+        let state_log =
+            open_log("state", STATE_PARTITIONS).map_err(|e| log_error("its state log", e))?;
+        let store = Arc::new(LogStore::new(
+            Arc::clone(&state_log),
+            MarkerStrategy::Offsets,
+        ));
+        let mut offsets = Vec::new();
+        for partition in 0..STATE_PARTITIONS {
+            let (start, _) = state_log
+                .bounds(partition)
+                .await
+                .map_err(|e| log_error("its state log", e))?;
+            offsets.push(start);
+        }
+        store
+            .rebuild(&Marker { offsets })
+            .await
+            .map_err(|error| OpenError::Store {
+                tenant: name.to_owned(),
+                error,
+            })?;
+        let budget = Arc::new(CallsPerMinute::new(policy.quotas.calls_per_minute));
+        let builder = Builder {
+            tenant: name.to_owned(),
+            sandbox,
+            store: Arc::clone(&store) as Arc<dyn ActionStateStore>,
+            policy: policy.clone(),
+            budget: Arc::clone(&budget) as Arc<dyn crate::durable::CallBudget>,
+        };
+        let agents = builder.load_all(&dir).map_err(|error| OpenError::Agents {
+            tenant: name.to_owned(),
+            error,
+        })?;
+        let (outputs, _) = watch::channel(0);
+        let runtime = Arc::new(Self {
+            name: name.to_owned(),
+            runs: Arc::new(Semaphore::new(policy.quotas.concurrent_runs as usize)),
+            dir,
+            policy,
+            journal,
+            store,
+            budget,
+            builder,
+            host_runs,
+            lifecycle,
+            agents: RwLock::new(agents),
+            defining: tokio::sync::Mutex::new(()),
+            inner: Mutex::new(Inner::default()),
+            outputs,
+            stored: Mutex::new((None, 0)),
+        });
+        runtime.recover().await?;
+        Ok(runtime)
+    }
+
+    /// Reads the journal back: accepted events, finished inputs, each key's memory and next
+    /// sequence; prunes the states of finished inputs; queues the rest.
+    async fn recover(self: &Arc<Self>) -> Result<(), OpenError> {
+        let journal_error = |error| OpenError::Journal {
+            tenant: self.name.clone(),
+            error,
+        };
+        let mut inner = Inner::default();
+        let mut pending: BTreeMap<(String, String, u64), Queued> = BTreeMap::new();
+        let mut last_finished: HashMap<(String, String), u64> = HashMap::new();
+        journal::scan::<InputRecord>(&*self.journal, INPUTS, |offset, record| match record {
+            InputRecord::Accepted(accepted) => {
+                let key = (accepted.agent.clone(), accepted.key.clone());
+                let state = inner.keys.entry(key).or_default();
+                state.next_sequence = state.next_sequence.max(accepted.sequence + 1);
+                state.history.push((accepted.sequence, offset, None));
+                inner.events.insert(
+                    (accepted.agent.clone(), accepted.event_id.clone()),
+                    EventEntry::Accepted {
+                        key: accepted.key.clone(),
+                        sequence: accepted.sequence,
+                        version: accepted.version,
+                        digest: digest(&accepted.key, &accepted.payload),
+                    },
+                );
+                pending.insert(
+                    (accepted.agent, accepted.key, accepted.sequence),
+                    Queued {
+                        sequence: accepted.sequence,
+                        version: accepted.version,
+                        event_id: accepted.event_id,
+                        payload: accepted.payload,
+                    },
+                );
+            }
+            InputRecord::Finished(finished) => {
+                let key = (finished.agent.clone(), finished.key.clone());
+                let state = inner.keys.entry(key.clone()).or_default();
+                state.memory = finished.memory;
+                if let Some(entry) = state
+                    .history
+                    .iter_mut()
+                    .rev()
+                    .find(|(sequence, _, _)| *sequence == finished.sequence)
+                {
+                    entry.2 = Some(offset);
+                }
+                last_finished.insert(key, finished.sequence);
+                pending.remove(&(finished.agent, finished.key, finished.sequence));
+            }
+        })
+        .await
+        .map_err(journal_error)?;
+        let (_, end) = self
+            .journal
+            .bounds(OUTPUTS)
+            .await
+            .map_err(|e| journal_error(e.into()))?;
+        self.outputs.send_replace(end);
+        if !pending.is_empty() {
+            journal::scan::<OutputRecord>(&*self.journal, OUTPUTS, |_, output| {
+                if pending.contains_key(&(
+                    output.agent.clone(),
+                    output.key.clone(),
+                    output.sequence,
+                )) {
+                    inner
+                        .written
+                        .insert((output.agent, output.key, output.sequence, output.index));
+                }
+            })
+            .await
+            .map_err(journal_error)?;
+        }
+        for ((agent, key), sequence) in &last_finished {
+            let scope = KeyScope::new(&self.name, agent, key);
+            self.store
+                .prune(&scope, *sequence)
+                .await
+                .map_err(|error| OpenError::Store {
+                    tenant: self.name.clone(),
+                    error,
+                })?;
+        }
+        inner.in_flight = pending.len() as u64;
+        let mut start = Vec::new();
+        for ((agent, key, _), queued) in pending {
+            let state = inner.keys.entry((agent.clone(), key.clone())).or_default();
+            state.queue.push_back(queued);
+            if !state.working {
+                state.working = true;
+                start.push((agent, key));
+            }
+        }
+        if !start.is_empty() {
+            tracing::info!(tenant = %self.name, inputs = inner.in_flight,
+                "resuming inputs that had not finished");
+        }
+        *self.lock() = inner;
+        for (agent, key) in start {
+            tokio::spawn(Arc::clone(self).work(agent, key));
+        }
+        Ok(())
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn policy(&self) -> &TenantPolicy {
+        &self.policy
+    }
+
+    /// Bytes under the tenant's directory, walked again when the figure is stale.
+    pub fn stored_bytes(&self) -> u64 {
+        let mut stored = self.stored.lock().unwrap_or_else(|p| p.into_inner());
+        if stored.0.is_none_or(|at| at.elapsed() >= STORED_REFRESH) {
+            *stored = (Some(Instant::now()), dir_size(&self.dir));
+        }
+        stored.1
+    }
+
+    /// Refuses to store `more` bytes when that would take the tenant past `stored-bytes`.
+    pub fn check_storage(&self, more: u64) -> Result<(), QuotaExceeded> {
+        let quota = self.policy.quotas.stored_bytes;
+        let stored = self.stored_bytes();
+        if stored.saturating_add(more) > quota {
+            return Err(QuotaExceeded {
+                quota: "stored-bytes",
+                allowed: quota,
+                detail: format!("the tenant stores {stored} bytes and this adds {more}"),
+            });
+        }
+        Ok(())
+    }
+
+    /// Counts `bytes` written now, before the next walk sees them.
+    fn note_stored(&self, bytes: u64) {
+        let mut stored = self.stored.lock().unwrap_or_else(|p| p.into_inner());
+        stored.1 = stored.1.saturating_add(bytes);
+    }
+
+    /// Defines a new version of an agent from its agent.toml.
+    pub async fn define(&self, text: String) -> Result<(String, u32), DefineError> {
+        self.check_storage(text.len() as u64)?;
+        let _one_at_a_time = self.defining.lock().await;
+        let builder = self.builder.clone();
+        let dir = self.dir.clone();
+        let (name, version, agent) =
+            tokio::task::spawn_blocking(move || builder.define(&dir, &text))
+                .await
+                .map_err(|e| DefineError::Build(format!("defining the agent failed: {e}")))??;
+        self.agents
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(name.clone())
+            .or_default()
+            .loaded
+            .insert(version, Ok(agent));
+        self.stored.lock().unwrap_or_else(|p| p.into_inner()).0 = None;
+        Ok((name, version))
+    }
+
+    /// Each agent and its versions (the last is current).
+    pub fn agents(&self) -> BTreeMap<String, Vec<u32>> {
+        self.agents
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(|(name, versions)| (name.clone(), versions.loaded.keys().copied().collect()))
+            .collect()
+    }
+
+    fn current_version(&self, agent: &str) -> Option<u32> {
+        self.agents
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(agent)
+            .and_then(Versions::current)
+    }
+
+    fn agent_version(&self, agent: &str, version: u32) -> Result<Arc<Agent>, String> {
+        self.agents
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(agent)
+            .and_then(|versions| versions.loaded.get(&version).cloned())
+            .unwrap_or_else(|| Err(format!("agent {agent} has no version {version}")))
+    }
+
+    /// Accepts an event for a key, once per event id: a retry of an accepted submission
+    /// returns what the first one got.
+    pub async fn submit(self: &Arc<Self>, event: Submission) -> Result<Submitted, SubmitError> {
+        if self.lifecycle.stopping() {
+            return Err(SubmitError::Stopping);
+        }
+        let version = self
+            .current_version(&event.agent)
+            .ok_or_else(|| SubmitError::UnknownAgent(event.agent.clone()))?;
+        let digest = digest(&event.key, &event.payload);
+        let id = (event.agent.clone(), event.event_id.clone());
+        let intake = {
+            let mut inner = self.lock();
+            match inner.events.get(&id) {
+                Some(EventEntry::Reserved) => {
+                    return Err(SubmitError::InProgress {
+                        id: event.event_id.clone(),
+                    });
+                }
+                Some(EventEntry::Accepted {
+                    key,
+                    sequence,
+                    version,
+                    digest: accepted,
+                }) => {
+                    return if *accepted == digest {
+                        Ok(Submitted {
+                            event_id: event.event_id.clone(),
+                            key: key.clone(),
+                            sequence: *sequence,
+                            version: *version,
+                            duplicate: true,
+                        })
+                    } else {
+                        Err(SubmitError::Reused {
+                            id: event.event_id.clone(),
+                        })
+                    };
+                }
+                None => {}
+            }
+            let quotas = &self.policy.quotas;
+            if inner.in_flight >= quotas.queued_inputs {
+                return Err(QuotaExceeded {
+                    quota: "queued-inputs",
+                    allowed: quotas.queued_inputs,
+                    detail: format!("{} inputs are accepted and not finished", inner.in_flight),
+                }
+                .into());
+            }
+            self.budget.check()?;
+            self.check_storage(event.payload.get().len() as u64)?;
+            inner.events.insert(id.clone(), EventEntry::Reserved);
+            Arc::clone(
+                &inner
+                    .keys
+                    .entry((event.agent.clone(), event.key.clone()))
+                    .or_default()
+                    .intake,
+            )
+        };
+        let _in_order = intake.lock().await;
+        let sequence = {
+            let mut inner = self.lock();
+            let state = inner
+                .keys
+                .entry((event.agent.clone(), event.key.clone()))
+                .or_default();
+            state.next_sequence.max(1)
+        };
+        let accepted = Accepted {
+            agent: event.agent.clone(),
+            event_id: event.event_id.clone(),
+            key: event.key.clone(),
+            sequence,
+            version,
+            payload: event.payload,
+            accepted_at: journal::now_ms(),
+        };
+        let record = InputRecord::Accepted(accepted.clone()).encode();
+        let bytes = record.len() as u64;
+        let offset = match self.journal.append(INPUTS, record).await {
+            Ok(offset) => offset,
+            Err(error) => {
+                self.lock().events.remove(&id);
+                return Err(error.into());
+            }
+        };
+        self.note_stored(bytes);
+        let start = {
+            let mut inner = self.lock();
+            inner.events.insert(
+                id,
+                EventEntry::Accepted {
+                    key: event.key.clone(),
+                    sequence,
+                    version,
+                    digest,
+                },
+            );
+            inner.in_flight += 1;
+            let state = inner
+                .keys
+                .entry((event.agent.clone(), event.key.clone()))
+                .or_default();
+            state.next_sequence = sequence + 1;
+            state.history.push((sequence, offset, None));
+            state.queue.push_back(Queued {
+                sequence,
+                version,
+                event_id: accepted.event_id,
+                payload: accepted.payload,
+            });
+            !std::mem::replace(&mut state.working, true)
+        };
+        if start {
+            tokio::spawn(Arc::clone(self).work(event.agent.clone(), event.key.clone()));
+        }
+        Ok(Submitted {
+            event_id: event.event_id,
+            key: event.key,
+            sequence,
+            version,
+            duplicate: false,
+        })
+    }
+
+    /// Runs a key's queued inputs, one at a time, in order.
+    async fn work(self: Arc<Self>, agent: String, key: String) {
+        let id = (agent.clone(), key.clone());
+        loop {
+            let next = {
+                let mut inner = self.lock();
+                let Some(state) = inner.keys.get_mut(&id) else {
+                    return;
+                };
+                let next = if self.lifecycle.stopping() {
+                    None
+                } else {
+                    state.queue.pop_front()
+                };
+                match next {
+                    Some(next) => {
+                        state.running = Some(next.sequence);
+                        next
+                    }
+                    None => {
+                        state.working = false;
+                        return;
+                    }
+                }
+            };
+            let Ok(_tenant) = self.runs.acquire().await else {
+                return;
+            };
+            let Ok(_host) = self.host_runs.acquire().await else {
+                return;
+            };
+            self.lifecycle.started();
+            let finished = self.run_input(&agent, &key, next).await;
+            self.lifecycle.finished();
+            if !finished {
+                // Stopping: it did not finish, and runs again at the next start.
+                let mut inner = self.lock();
+                if let Some(state) = inner.keys.get_mut(&id) {
+                    state.working = false;
+                    state.running = None;
+                }
+                return;
+            }
+        }
+    }
+
+    /// Runs one input and writes its outputs and `finished` record. False when the server
+    /// stopped before the record could be written.
+    async fn run_input(&self, agent_name: &str, key: &str, queued: Queued) -> bool {
+        let sequence = queued.sequence;
+        let memory_before = self
+            .lock()
+            .keys
+            .get(&(agent_name.to_owned(), key.to_owned()))
+            .map(|state| state.memory.clone())
+            .unwrap_or_default();
+        let input = Input {
+            key: key.to_owned(),
+            sequence,
+            payload: queued.payload.get().to_owned(),
+        };
+        let scope = KeyScope::new(&self.name, agent_name, key);
+        let (error, outputs, memory) = match self.agent_version(agent_name, queued.version) {
+            Err(error) => (Some(error), Vec::new(), memory_before),
+            Ok(agent) => {
+                agent.restore_memory(key, memory_before.clone());
+                let report = agent.process_isolated(&input).await;
+                let memory = agent.take_memory(key);
+                match report.error {
+                    // A failed input leaves the key's memory as it was.
+                    Some(error) => (Some(error.to_string()), report.outputs, memory_before),
+                    None => (None, report.outputs, memory),
+                }
+            }
+        };
+        let actions = summarize(&*self.store, &scope, sequence);
+        let status = if error.is_some() {
+            InputStatus::Failed
+        } else {
+            InputStatus::Completed
+        };
+        // A failed input's outputs are not delivered: it did not complete.
+        let outputs = if error.is_some() { Vec::new() } else { outputs };
+        let mut records = Vec::with_capacity(outputs.len() + 1);
+        {
+            let inner = self.lock();
+            for output in &outputs {
+                let id = (
+                    agent_name.to_owned(),
+                    key.to_owned(),
+                    sequence,
+                    output.id.index,
+                );
+                if inner.written.contains(&id) {
+                    continue;
+                }
+                let payload = RawValue::from_string(output.payload.clone())
+                    .unwrap_or_else(|_| json_string(&output.payload));
+                let record = OutputRecord {
+                    agent: agent_name.to_owned(),
+                    key: key.to_owned(),
+                    sequence,
+                    index: output.id.index,
+                    event_id: queued.event_id.clone(),
+                    payload,
+                };
+                records.push((OUTPUTS, record.encode()));
+            }
+        }
+        let finished = Finished {
+            agent: agent_name.to_owned(),
+            key: key.to_owned(),
+            sequence,
+            status,
+            error,
+            outputs: u32::try_from(outputs.len()).unwrap_or(u32::MAX),
+            actions,
+            memory: memory.clone(),
+            finished_at: journal::now_ms(),
+        };
+        records.push((INPUTS, InputRecord::Finished(finished).encode()));
+        let bytes: u64 = records.iter().map(|(_, r)| r.len() as u64).sum();
+        let mut backoff = Duration::from_millis(50);
+        let offsets = loop {
+            match self.journal.append_many(records.clone()).await {
+                Ok(offsets) => break offsets,
+                Err(error) => {
+                    tracing::error!(tenant = %self.name, agent = agent_name, key, sequence,
+                        "the journal did not take the input's end; retrying: {error}");
+                    if self.lifecycle.stopping() {
+                        return false;
+                    }
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                }
+            }
+        };
+        self.note_stored(bytes);
+        if let Err(error) = self.store.prune(&scope, sequence).await {
+            tracing::warn!(tenant = %self.name, agent = agent_name, key, sequence,
+                "pruning the input's states: {error}");
+        }
+        let last_output = records
+            .iter()
+            .zip(&offsets)
+            .filter(|((partition, _), _)| *partition == OUTPUTS)
+            .map(|(_, offset)| offset + 1)
+            .next_back();
+        {
+            let mut inner = self.lock();
+            inner.in_flight = inner.in_flight.saturating_sub(1);
+            inner
+                .written
+                .retain(|(a, k, s, _)| !(a == agent_name && k == key && *s == sequence));
+            if let Some(state) = inner.keys.get_mut(&(agent_name.to_owned(), key.to_owned())) {
+                state.memory = memory;
+                state.running = None;
+                if let (Some(entry), Some(offset)) = (
+                    state.history.iter_mut().rev().find(|e| e.0 == sequence),
+                    offsets.last(),
+                ) {
+                    entry.2 = Some(*offset);
+                }
+            }
+        }
+        if let Some(position) = last_output {
+            self.outputs.send_modify(|end| *end = (*end).max(position));
+        }
+        true
+    }
+
+    /// Up to `limit` outputs after `position`, in order.
+    pub async fn outputs_after(
+        &self,
+        position: u64,
+        limit: usize,
+    ) -> Result<Vec<PositionedOutput>, JournalError> {
+        let (start, end) = self.journal.bounds(OUTPUTS).await?;
+        let from = position.max(start);
+        if from >= end {
+            return Ok(Vec::new());
+        }
+        let records = self.journal.read(OUTPUTS, from, limit).await?;
+        records
+            .iter()
+            .map(|record| {
+                Ok(PositionedOutput {
+                    position: record.offset + 1,
+                    output: journal::decode(OUTPUTS, record)?,
+                })
+            })
+            .collect()
+    }
+
+    /// Changes whenever outputs are written; holds the position of the newest.
+    pub fn watch_outputs(&self) -> watch::Receiver<u64> {
+        self.outputs.subscribe()
+    }
+
+    /// The inputs of an agent's key, oldest first; `None` when the key has none.
+    pub async fn history(
+        &self,
+        agent: &str,
+        key: &str,
+    ) -> Result<Option<Vec<HistoryEntry>>, JournalError> {
+        let (entries, queued, running) = {
+            let inner = self.lock();
+            let Some(state) = inner.keys.get(&(agent.to_owned(), key.to_owned())) else {
+                return Ok(None);
+            };
+            let queued: HashSet<u64> = state.queue.iter().map(|q| q.sequence).collect();
+            (state.history.clone(), queued, state.running)
+        };
+        if entries.is_empty() {
+            return Ok(None);
+        }
+        let scope = KeyScope::new(&self.name, agent, key);
+        let mut history = Vec::with_capacity(entries.len());
+        for (sequence, accepted_at, finished_at) in entries {
+            let Some(InputRecord::Accepted(accepted)) =
+                journal::read_one(&*self.journal, INPUTS, accepted_at).await?
+            else {
+                continue;
+            };
+            let finished = match finished_at {
+                Some(offset) => match journal::read_one(&*self.journal, INPUTS, offset).await? {
+                    Some(InputRecord::Finished(finished)) => Some(finished),
+                    _ => None,
+                },
+                None => None,
+            };
+            let entry = match finished {
+                Some(finished) => HistoryEntry {
+                    sequence,
+                    event_id: accepted.event_id,
+                    version: accepted.version,
+                    payload: accepted.payload,
+                    accepted_at: accepted.accepted_at,
+                    status: finished.status,
+                    error: finished.error,
+                    finished_at: Some(finished.finished_at),
+                    outputs: finished.outputs,
+                    actions: finished.actions,
+                },
+                None => HistoryEntry {
+                    sequence,
+                    event_id: accepted.event_id,
+                    version: accepted.version,
+                    payload: accepted.payload,
+                    accepted_at: accepted.accepted_at,
+                    status: if running == Some(sequence) || !queued.contains(&sequence) {
+                        InputStatus::Running
+                    } else {
+                        InputStatus::Queued
+                    },
+                    error: None,
+                    finished_at: None,
+                    outputs: 0,
+                    actions: summarize(&*self.store, &scope, sequence),
+                },
+            };
+            history.push(entry);
+        }
+        Ok(Some(history))
+    }
+
+    /// Inputs accepted and not finished.
+    pub fn in_flight(&self) -> u64 {
+        self.lock().in_flight
+    }
+}
+
+/// The recorded action states of one input, as the history shows them.
+fn summarize(store: &dyn ActionStateStore, scope: &KeyScope, sequence: u64) -> Vec<ActionSummary> {
+    store
+        .states(scope)
+        .into_iter()
+        .filter(|state| state.key.sequence == sequence)
+        .map(|state| ActionSummary {
+            action: state.key.action.clone(),
+            event: state.trigger.kind.clone(),
+            completed: state.is_completed(),
+            calls: state
+                .calls
+                .iter()
+                .enumerate()
+                .map(|(index, call)| {
+                    let (status, error) = match &call.outcome {
+                        CallOutcome::Pending => ("pending", None),
+                        CallOutcome::Succeeded(_) => ("succeeded", None),
+                        CallOutcome::Failed(error) => ("failed", Some(error.clone())),
+                    };
+                    CallSummary {
+                        index: u32::try_from(index).unwrap_or(u32::MAX),
+                        function: call.function.clone(),
+                        status: status.to_owned(),
+                        error,
+                    }
+                })
+                .collect(),
+        })
+        .collect()
+}
+
+/// What makes two submissions of one event id the same event: its key and payload.
+fn digest(key: &str, payload: &RawValue) -> [u8; 32] {
+    let canonical = serde_json::from_str::<serde_json::Value>(payload.get())
+        .map(|value| value.to_string())
+        .unwrap_or_else(|_| payload.get().to_owned());
+    let mut hasher = sha2::Sha256::new();
+    hasher.update(key.len().to_le_bytes());
+    hasher.update(key.as_bytes());
+    hasher.update(canonical.as_bytes());
+    hasher.finalize().into()
+}
+
+/// `text` as a JSON string (an output payload that is not JSON, which the guest SDKs never
+/// send, is still delivered).
+fn json_string(text: &str) -> Box<RawValue> {
+    serde_json::value::to_raw_value(text).unwrap_or_default()
+}
+
+/// Bytes of the files under `dir`, each file counted once however many links it has.
+fn dir_size(dir: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt as _;
+    let mut seen = HashSet::new();
+    let mut total = 0;
+    let mut stack = vec![dir.to_owned()];
+    while let Some(dir) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let Ok(metadata) = entry.metadata() else {
+                continue;
+            };
+            if metadata.is_dir() {
+                stack.push(entry.path());
+            } else if seen.insert((metadata.dev(), metadata.ino())) {
+                total += metadata.len();
+            }
+        }
+    }
+    total
+}

@@ -1,0 +1,342 @@
+//! `rewind serve` (issue #6): tenants, deploys, events, outputs, quotas, isolation.
+
+mod auth;
+mod deploy;
+mod events;
+mod functions;
+mod load;
+mod openapi;
+mod quotas;
+mod restart;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::http::HeaderMap;
+use reqwest::StatusCode;
+use rewind_host::server::{ServerConfig, ServerState};
+use serde_json::{Value, json};
+
+use crate::support::{guest, sandbox};
+
+pub const ADMIN: &str = "admin-token-for-the-tests";
+
+/// A server in this process, on an ephemeral port.
+pub struct Server {
+    pub base: String,
+    pub client: reqwest::Client,
+}
+
+impl Server {
+    /// A server over `state_dir` with `extra` lines at the top of its rewind.toml.
+    pub async fn start(state_dir: &Path, extra: &str) -> Self {
+        let path = state_dir.join("rewind.toml");
+        let config = ServerConfig::parse(
+            &path,
+            &format!("state-dir = \".\"\n{extra}\n[admin-token]\nenv = \"UNUSED\"\n"),
+        )
+        .expect("config");
+        let state = ServerState::start(config, &path, ADMIN, sandbox())
+            .await
+            .expect("the server starts");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        tokio::spawn(rewind_host::server::serve(
+            listener,
+            state,
+            std::future::pending(),
+        ));
+        Self {
+            base: format!("http://{addr}"),
+            client: reqwest::Client::new(),
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    /// Creates `tenant`; its token.
+    pub async fn tenant(&self, tenant: &str) -> String {
+        create(&self.client, &self.base, tenant).await
+    }
+
+    /// Uploads test guest `guest_name` as component `name`.
+    pub async fn upload(&self, tenant: &str, token: &str, name: &str, guest_name: &str) {
+        let wasm = std::fs::read(guest(guest_name)).expect("the guest is built");
+        let (status, body) = send(
+            self.client
+                .put(self.url(&format!("/v1/tenants/{tenant}/components/{name}")))
+                .body(wasm),
+            Some(token),
+        )
+        .await;
+        assert_eq!(status, StatusCode::CREATED, "{body}");
+    }
+
+    pub async fn define(&self, tenant: &str, token: &str, toml: &str) -> (StatusCode, Value) {
+        send(
+            self.client
+                .post(self.url(&format!("/v1/tenants/{tenant}/agents")))
+                .body(toml.to_owned()),
+            Some(token),
+        )
+        .await
+    }
+
+    /// Uploads `guest_name` as `worker` and defines agent `name` with one action running
+    /// it; `extra` goes after the action (functions, limits).
+    pub async fn deploy(
+        &self,
+        tenant: &str,
+        token: &str,
+        name: &str,
+        guest_name: &str,
+        extra: &str,
+    ) {
+        self.upload(tenant, token, "worker", guest_name).await;
+        let (status, body) = self
+            .define(tenant, token, &agent(name, "worker", extra))
+            .await;
+        assert_eq!(status, StatusCode::CREATED, "{body}");
+    }
+
+    pub async fn submit(
+        &self,
+        tenant: &str,
+        token: &str,
+        agent: &str,
+        id: &str,
+        key: &str,
+        payload: Value,
+    ) -> (StatusCode, Value) {
+        send(
+            self.client
+                .post(self.url(&format!("/v1/tenants/{tenant}/agents/{agent}/events")))
+                .json(&json!({ "id": id, "key": key, "payload": payload })),
+            Some(token),
+        )
+        .await
+    }
+
+    pub async fn outputs(&self, tenant: &str, token: &str, after: u64) -> Vec<Value> {
+        outputs(&self.client, &self.base, tenant, token, after).await
+    }
+
+    /// Waits for `n` outputs of `tenant` (60 s at most), then a moment more for any extra.
+    pub async fn wait_outputs(&self, tenant: &str, token: &str, n: usize) -> Vec<Value> {
+        wait_outputs(&self.client, &self.base, tenant, token, n).await
+    }
+
+    pub async fn history(
+        &self,
+        tenant: &str,
+        token: &str,
+        agent: &str,
+        key: &str,
+    ) -> (StatusCode, Value) {
+        send(
+            self.client.get(self.url(&format!(
+                "/v1/tenants/{tenant}/agents/{agent}/keys/{key}/history"
+            ))),
+            Some(token),
+        )
+        .await
+    }
+
+    /// Waits until every input of the key has finished; its history.
+    pub async fn settled_history(
+        &self,
+        tenant: &str,
+        token: &str,
+        agent: &str,
+        key: &str,
+    ) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let (status, body) = self.history(tenant, token, agent, key).await;
+            assert_eq!(status, StatusCode::OK, "{body}");
+            let settled = body["inputs"].as_array().is_some_and(|inputs| {
+                inputs
+                    .iter()
+                    .all(|i| i["status"] == "completed" || i["status"] == "failed")
+            });
+            if settled {
+                return body;
+            }
+            assert!(Instant::now() < deadline, "not settled: {body}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+/// An agent.toml with one action `work` on inputs, running component `component`.
+pub fn agent(name: &str, component: &str, extra: &str) -> String {
+    format!(
+        "name = \"{name}\"\n\n[[actions]]\nname = \"work\"\ncomponent = \"{component}\"\non = [\"input\"]\n{extra}"
+    )
+}
+
+pub async fn send(request: reqwest::RequestBuilder, token: Option<&str>) -> (StatusCode, Value) {
+    let request = match token {
+        Some(token) => request.bearer_auth(token),
+        None => request,
+    };
+    let response = request.send().await.expect("the server answers");
+    let status = response.status();
+    let body = response.json().await.unwrap_or(Value::Null);
+    (status, body)
+}
+
+pub async fn create(client: &reqwest::Client, base: &str, name: &str) -> String {
+    let (status, body) = send(
+        client
+            .post(format!("{base}/v1/tenants"))
+            .json(&json!({ "name": name })),
+        Some(ADMIN),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    body["token"].as_str().expect("a token").to_owned()
+}
+
+pub async fn outputs(
+    client: &reqwest::Client,
+    base: &str,
+    tenant: &str,
+    token: &str,
+    after: u64,
+) -> Vec<Value> {
+    let (status, body) = send(
+        client.get(format!("{base}/v1/tenants/{tenant}/outputs?after={after}")),
+        Some(token),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    body["outputs"].as_array().cloned().unwrap_or_default()
+}
+
+pub async fn wait_outputs(
+    client: &reqwest::Client,
+    base: &str,
+    tenant: &str,
+    token: &str,
+    n: usize,
+) -> Vec<Value> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut all = Vec::new();
+    loop {
+        let after = all
+            .last()
+            .and_then(|o: &Value| o["position"].as_u64())
+            .unwrap_or(0);
+        let more = outputs(client, base, tenant, token, after).await;
+        let got = more.is_empty();
+        all.extend(more);
+        if all.len() >= n {
+            // Anything written twice would show up now.
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let after = all.last().and_then(|o| o["position"].as_u64()).unwrap_or(0);
+            all.extend(outputs(client, base, tenant, token, after).await);
+            return all;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{tenant}: {} of {n} outputs after 60 s",
+            all.len()
+        );
+        if got {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+/// A function endpoint on loopback: answers every POST with `{"n": <count>}` after `delay`,
+/// and keeps each request's headers; `/hop` redirects to `hop_to`.
+#[derive(Clone, Default)]
+pub struct Endpoint {
+    pub requests: Arc<Mutex<Vec<BTreeMap<String, String>>>>,
+    running: Arc<AtomicUsize>,
+    pub most_at_once: Arc<AtomicUsize>,
+}
+
+impl Endpoint {
+    pub async fn start(delay: Duration, hop_to: &str) -> (SocketAddr, Self) {
+        let endpoint = Self::default();
+        let seen = endpoint.clone();
+        let hop_to = hop_to.to_owned();
+        let app = axum::Router::new()
+            .route(
+                "/hop",
+                axum::routing::post(move || {
+                    let hop_to = hop_to.clone();
+                    async move { axum::response::Redirect::temporary(&hop_to) }
+                }),
+            )
+            .fallback(move |headers: HeaderMap| {
+                let seen = seen.clone();
+                async move {
+                    let now = seen.running.fetch_add(1, Ordering::SeqCst) + 1;
+                    seen.most_at_once.fetch_max(now, Ordering::SeqCst);
+                    let n = {
+                        let mut requests = seen.requests.lock().expect("lock");
+                        requests.push(
+                            headers
+                                .iter()
+                                .map(|(k, v)| {
+                                    (k.to_string(), v.to_str().unwrap_or_default().to_owned())
+                                })
+                                .collect(),
+                        );
+                        requests.len()
+                    };
+                    tokio::time::sleep(delay).await;
+                    seen.running.fetch_sub(1, Ordering::SeqCst);
+                    axum::Json(json!({ "n": n }))
+                }
+            });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        (addr, endpoint)
+    }
+
+    pub fn count(&self) -> usize {
+        self.requests.lock().expect("lock").len()
+    }
+
+    /// The idempotency keys of the requests, in order.
+    pub fn keys(&self) -> Vec<String> {
+        self.requests
+            .lock()
+            .expect("lock")
+            .iter()
+            .filter_map(|h| h.get("idempotency-key").cloned())
+            .collect()
+    }
+}
+
+/// A caller script that makes one call of `function`.
+pub fn one_call(function: &str) -> Value {
+    json!({ "calls": [{ "function": function }] })
+}
+
+/// The rewind.toml of a server run as a process.
+pub fn write_config(dir: &Path, extra: &str) -> PathBuf {
+    std::fs::write(dir.join("admin.token"), format!("{ADMIN}\n")).expect("token");
+    let path = dir.join("rewind.toml");
+    std::fs::write(
+        &path,
+        format!("listen = \"127.0.0.1:0\"\n{extra}\n[admin-token]\nfile = \"admin.token\"\n"),
+    )
+    .expect("config");
+    path
+}

@@ -1,0 +1,85 @@
+//! The OpenAPI document at /v1/openapi.json, and every route in it exercised.
+
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
+
+use super::{ADMIN, Server, agent};
+use crate::support::guest;
+
+#[tokio::test]
+async fn every_route_in_the_openapi_document_answers_as_it_documents() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = Server::start(dir.path(), "").await;
+    let acme = server.tenant("acme").await;
+    server.deploy("acme", &acme, "bot", "caller", "").await;
+    let (status, _) = server
+        .submit("acme", &acme, "bot", "e0", "k", json!(null))
+        .await;
+    assert_eq!(status, StatusCode::ACCEPTED);
+    server.wait_outputs("acme", &acme, 1).await;
+
+    let response = server
+        .client
+        .get(server.url("/v1/openapi.json"))
+        .send()
+        .await
+        .expect("answers");
+    assert_eq!(response.status(), StatusCode::OK);
+    let document: Value = response.json().await.expect("JSON");
+    assert!(
+        document["openapi"]
+            .as_str()
+            .is_some_and(|v| v.starts_with("3."))
+    );
+    let paths = document["paths"].as_object().expect("paths");
+    let mut exercised = 0;
+    for (path, item) in paths {
+        let url = path
+            .replace("{tenant}", "acme")
+            .replace("{name}", "worker")
+            .replace("{agent}", "bot")
+            .replace("{key}", "k");
+        for (method, operation) in item.as_object().expect("a path item") {
+            let Ok(method) = method.to_uppercase().parse::<Method>() else {
+                continue;
+            };
+            let request = server.client.request(method.clone(), server.url(&url));
+            let (request, token) = match (method.as_str(), path.as_str()) {
+                ("POST", "/v1/tenants") => (request.json(&json!({ "name": "fresh" })), ADMIN),
+                ("POST", "/v1/tenants/{tenant}/tokens") => (request, ADMIN),
+                ("PUT", _) => (
+                    request.body(std::fs::read(guest("caller")).expect("caller")),
+                    acme.as_str(),
+                ),
+                ("POST", "/v1/tenants/{tenant}/agents") => {
+                    (request.body(agent("bot", "worker", "")), acme.as_str())
+                }
+                ("POST", _) => (
+                    request.json(&json!({ "id": "e1", "key": "k", "payload": null })),
+                    acme.as_str(),
+                ),
+                _ => (request, acme.as_str()),
+            };
+            let response = request.bearer_auth(token).send().await.expect("answers");
+            let status = response.status();
+            let responses = operation["responses"].as_object().expect("responses");
+            assert!(
+                responses.contains_key("401") && responses.contains_key("403"),
+                "{method} {path} documents its authentication errors"
+            );
+            let documented = responses.keys().any(|code| code == status.as_str());
+            // A stream stays open: its headers are the answer.
+            let body = if path.ends_with("/stream") {
+                String::new()
+            } else {
+                response.text().await.unwrap_or_default()
+            };
+            assert!(
+                status.is_success() && documented,
+                "{method} {path}: {status} {body}"
+            );
+            exercised += 1;
+        }
+    }
+    assert_eq!(exercised, 12, "every route of the API is in the document");
+}

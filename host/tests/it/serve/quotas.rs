@@ -1,0 +1,227 @@
+//! Each quota, exhausted: refused with 429 naming it, or the run stopped at it.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+use super::{Endpoint, Server, agent, one_call};
+
+/// The error of the key's only input, once it finished.
+async fn failure(server: &Server, tenant: &str, token: &str, key: &str) -> String {
+    let history = server.settled_history(tenant, token, "bot", key).await;
+    let input = &history["inputs"][0];
+    assert_eq!(input["status"], "failed", "{history}");
+    input["error"].as_str().unwrap_or_default().to_owned()
+}
+
+fn quota_of(body: &Value) -> (Option<&str>, Option<&str>) {
+    (body["code"].as_str(), body["quota"].as_str())
+}
+
+#[tokio::test]
+async fn per_run_quotas_refuse_an_agent_asking_for_more_and_stop_a_run_that_uses_more() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = Server::start(
+        dir.path(),
+        "[tenants.small.quotas]\nmemory-mib = 16\n\
+         [tenants.frugal.quotas]\nfuel = 50_000_000\n\
+         [tenants.quick.quotas]\ntimeout-ms = 300\nfuel = 1_000_000_000_000\n",
+    )
+    .await;
+    let small = server.tenant("small").await;
+    let frugal = server.tenant("frugal").await;
+    let quick = server.tenant("quick").await;
+    let tenants = [("small", &small), ("frugal", &frugal), ("quick", &quick)];
+    for (tenant, token) in tenants {
+        server.upload(tenant, token, "worker", "hostile").await;
+    }
+    for (tenant, token, limits, quota) in [
+        ("small", &small, "memory-mib = 32", "memory-mib"),
+        ("frugal", &frugal, "fuel = 100_000_000", "fuel"),
+        ("quick", &quick, "timeout-ms = 1000", "timeout-ms"),
+    ] {
+        let toml = agent("bot", "worker", &format!("[limits]\n{limits}\n"));
+        let (status, body) = server.define(tenant, token, &toml).await;
+        assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
+        assert_eq!(
+            quota_of(&body),
+            (Some("quota-exceeded"), Some(quota)),
+            "{body}"
+        );
+        assert!(
+            body["error"].as_str().is_some_and(|e| e.contains(quota)),
+            "{body}"
+        );
+    }
+    // Defaults above the quotas are lowered to them; limits within them are kept (quick's
+    // loop runs into its wall-clock quota, not its CPU).
+    for (tenant, token) in tenants {
+        let limits = if tenant == "quick" {
+            "[limits]\nfuel = 1_000_000_000_000\n"
+        } else {
+            ""
+        };
+        let (status, body) = server
+            .define(tenant, token, &agent("bot", "worker", limits))
+            .await;
+        assert_eq!(status, StatusCode::CREATED, "{body}");
+    }
+    for (tenant, token, key, mode, says) in [
+        ("small", &small, "m", "alloc", "memory"),
+        ("frugal", &frugal, "f", "loop", "fuel"),
+        ("quick", &quick, "t", "loop", "timeout"),
+    ] {
+        let (status, _) = server
+            .submit(tenant, token, "bot", key, key, json!({ "mode": mode }))
+            .await;
+        assert_eq!(status, StatusCode::ACCEPTED);
+        let error = failure(&server, tenant, token, key).await;
+        assert!(error.contains(says), "{tenant} {mode}: {error}");
+    }
+}
+
+#[tokio::test]
+async fn concurrent_runs_are_capped_and_queued_inputs_refused_beyond_the_quota() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (addr, endpoint) = Endpoint::start(Duration::from_millis(150), "").await;
+    let server = Server::start(
+        dir.path(),
+        &format!(
+            "[tenants.acme]\nallow-hosts = [\"{addr}\"]\n\
+             [tenants.acme.quotas]\nconcurrent-runs = 1\nqueued-inputs = 3\n"
+        ),
+    )
+    .await;
+    let acme = server.tenant("acme").await;
+    server.upload("acme", &acme, "worker", "caller").await;
+    let slow = format!("[functions.slow]\nkind = \"http\"\nurl = \"http://{addr}/\"\n");
+    let (status, body) = server
+        .define(
+            "acme",
+            &acme,
+            &format!("parallelism = 2\n{}", agent("bot", "worker", &slow)),
+        )
+        .await;
+    assert_eq!(
+        quota_of(&body),
+        (Some("quota-exceeded"), Some("concurrent-runs")),
+        "{status} {body}"
+    );
+    let (status, body) = server
+        .define("acme", &acme, &agent("bot", "worker", &slow))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+
+    // Three keys at once: one runs, two wait; a fourth input is one too many.
+    for key in ["a", "b", "c"] {
+        let (status, body) = server
+            .submit("acme", &acme, "bot", key, key, one_call("slow"))
+            .await;
+        assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    }
+    let (status, body) = server
+        .submit("acme", &acme, "bot", "d", "d", one_call("slow"))
+        .await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        quota_of(&body),
+        (Some("quota-exceeded"), Some("queued-inputs")),
+        "{body}"
+    );
+
+    server.wait_outputs("acme", &acme, 3).await;
+    assert_eq!(endpoint.count(), 3);
+    assert_eq!(
+        endpoint.most_at_once.load(Ordering::SeqCst),
+        1,
+        "one run at a time"
+    );
+    // Room again once they finished.
+    let (status, _) = server
+        .submit("acme", &acme, "bot", "d", "d", one_call("slow"))
+        .await;
+    assert_eq!(status, StatusCode::ACCEPTED);
+}
+
+#[tokio::test]
+async fn calls_per_minute_deny_the_call_past_it_and_refuse_new_events() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (addr, endpoint) = Endpoint::start(Duration::ZERO, "").await;
+    let server = Server::start(
+        dir.path(),
+        &format!(
+            "[tenants.acme]\nallow-hosts = [\"{addr}\"]\n[tenants.acme.quotas]\ncalls-per-minute = 2\n"
+        ),
+    )
+    .await;
+    let acme = server.tenant("acme").await;
+    let f = format!("[functions.f]\nkind = \"http\"\nurl = \"http://{addr}/\"\n");
+    server.deploy("acme", &acme, "bot", "caller", &f).await;
+    let three = json!({ "calls": [{ "function": "f", "args": { "i": 1 } },
+        { "function": "f", "args": { "i": 2 } }, { "function": "f", "args": { "i": 3 } }] });
+    let (status, _) = server.submit("acme", &acme, "bot", "e1", "k", three).await;
+    assert_eq!(status, StatusCode::ACCEPTED);
+    let outputs = server.wait_outputs("acme", &acme, 1).await;
+    let results = &outputs[0]["payload"]["results"];
+    assert!(results[1]["ok"].is_object(), "{results}");
+    let denied = results[2]["error"]["denied"].as_str().unwrap_or_default();
+    assert!(denied.contains("calls-per-minute"), "{results}");
+    assert_eq!(endpoint.count(), 2, "the denied call did not go out");
+
+    let (status, body) = server
+        .submit("acme", &acme, "bot", "e2", "k", json!(null))
+        .await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        quota_of(&body),
+        (Some("quota-exceeded"), Some("calls-per-minute")),
+        "{body}"
+    );
+}
+
+#[tokio::test]
+async fn stored_bytes_refuse_what_would_not_fit() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let caller = std::fs::metadata(crate::support::guest("caller"))
+        .expect("caller")
+        .len();
+    let quota = caller + caller / 2;
+    let server = Server::start(
+        dir.path(),
+        &format!("[tenants.acme.quotas]\nstored-bytes = {quota}\n"),
+    )
+    .await;
+    let acme = server.tenant("acme").await;
+    server.deploy("acme", &acme, "bot", "caller", "").await;
+    let wasm = std::fs::read(crate::support::guest("caller")).expect("caller");
+    let (status, body) = super::send(
+        server
+            .client
+            .put(server.url("/v1/tenants/acme/components/another"))
+            .body(wasm),
+        Some(&acme),
+    )
+    .await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
+    assert_eq!(
+        quota_of(&body),
+        (Some("quota-exceeded"), Some("stored-bytes")),
+        "{body}"
+    );
+    let big = "x".repeat(usize::try_from(caller).expect("fits"));
+    let (status, body) = server
+        .submit("acme", &acme, "bot", "e1", "k", json!(big))
+        .await;
+    assert_eq!(
+        quota_of(&body),
+        (Some("quota-exceeded"), Some("stored-bytes")),
+        "{status} {body}"
+    );
+    // Small events still fit.
+    let (status, _) = server
+        .submit("acme", &acme, "bot", "e2", "k", json!(null))
+        .await;
+    assert_eq!(status, StatusCode::ACCEPTED);
+}

@@ -1,0 +1,149 @@
+//! `rewind serve` killed with SIGKILL and started again: no accepted event lost, no
+//! recorded call repeated, no output written twice.
+
+use std::collections::BTreeSet;
+use std::io::{BufRead as _, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use reqwest::StatusCode;
+use serde_json::json;
+
+use super::{Endpoint, create, one_call, send, wait_outputs, write_config};
+use crate::support::guest;
+
+/// Starts `rewind serve --config CONFIG`, with `crash` armed; its child and base URL.
+fn start(config: &Path, crash: Option<&str>) -> (Child, String) {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_rewind"));
+    command
+        .args(["serve", "--config"])
+        .arg(config)
+        .env_remove(rewind_host::crash::ENV)
+        .stderr(Stdio::piped());
+    if let Some(crash) = crash {
+        command.env(rewind_host::crash::ENV, crash);
+    }
+    let mut child = command.spawn().expect("rewind serve starts");
+    let mut stderr = BufReader::new(child.stderr.take().expect("stderr"));
+    let mut said = Vec::new();
+    let mut base = None;
+    for line in (&mut stderr).lines() {
+        let line = line.expect("a line");
+        if let Some(url) = line.strip_prefix("rewind serve: listening on ") {
+            base = Some(url.to_owned());
+            break;
+        }
+        said.push(line);
+    }
+    // Keep draining, so that the server never blocks on a full pipe.
+    std::thread::spawn(move || for _ in stderr.lines() {});
+    let base = base.unwrap_or_else(|| panic!("the server did not start: {said:#?}"));
+    (child, base)
+}
+
+#[tokio::test]
+async fn a_server_killed_mid_run_loses_no_event_and_repeats_no_recorded_call() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (addr, endpoint) = Endpoint::start(Duration::from_millis(20), "").await;
+    // One run at a time: when the process dies, no other call is in flight.
+    let config = write_config(
+        dir.path(),
+        &format!(
+            "[tenants.acme]\nallow-hosts = [\"{addr}\"]\n[tenants.acme.quotas]\nconcurrent-runs = 1\n"
+        ),
+    );
+    let (mut server, base) = start(&config, Some("after-record:3"));
+    let client = reqwest::Client::new();
+    let acme = create(&client, &base, "acme").await;
+    let wasm = std::fs::read(guest("caller")).expect("caller");
+    let (status, body) = send(
+        client
+            .put(format!("{base}/v1/tenants/acme/components/worker"))
+            .body(wasm),
+        Some(&acme),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let toml = super::agent(
+        "bot",
+        "worker",
+        &format!("[functions.f]\nkind = \"http\"\nurl = \"http://{addr}/\"\n"),
+    );
+    let (status, body) = send(
+        client
+            .post(format!("{base}/v1/tenants/acme/agents"))
+            .body(toml),
+        Some(&acme),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+
+    // Six events; the third recorded call kills the process. Those it did not answer are
+    // sent again after the restart, with the same ids, as a client would.
+    let events: Vec<(String, String)> = (0..6)
+        .map(|i| (format!("e{i}"), format!("k{}", i % 2)))
+        .collect();
+    let mut unanswered = Vec::new();
+    for (id, key) in &events {
+        let request = client
+            .post(format!("{base}/v1/tenants/acme/agents/bot/events"))
+            .bearer_auth(&acme)
+            .json(&json!({ "id": id, "key": key, "payload": one_call("f") }));
+        match request.send().await {
+            Ok(response) if response.status() == StatusCode::ACCEPTED => {}
+            _ => unanswered.push((id.clone(), key.clone())),
+        }
+    }
+    let status = tokio::task::spawn_blocking(move || server.wait())
+        .await
+        .expect("joined")
+        .expect("waits");
+    assert!(!status.success(), "killed at the crash point: {status}");
+    let before = endpoint.keys();
+    assert_eq!(
+        before.len(),
+        3,
+        "three calls made before the kill: {before:?}"
+    );
+
+    let (mut server, base) = start(&config, None);
+    for (id, key) in events.iter() {
+        let (status, body) = send(
+            client
+                .post(format!("{base}/v1/tenants/acme/agents/bot/events"))
+                .json(&json!({ "id": id, "key": key, "payload": one_call("f") })),
+            Some(&acme),
+        )
+        .await;
+        let expected = if unanswered.contains(&(id.clone(), key.clone())) {
+            [StatusCode::ACCEPTED, StatusCode::OK]
+        } else {
+            // Accepted before the kill: a retry finds it.
+            [StatusCode::OK, StatusCode::OK]
+        };
+        assert!(expected.contains(&status), "{id}: {status} {body}");
+    }
+    let outputs = wait_outputs(&client, &base, "acme", &acme, events.len()).await;
+    let ids: BTreeSet<&str> = outputs
+        .iter()
+        .filter_map(|o| o["event_id"].as_str())
+        .collect();
+    assert_eq!(outputs.len(), events.len(), "no output twice: {outputs:?}");
+    assert_eq!(ids.len(), events.len(), "no event lost");
+
+    // Every call happened once: the one recorded just before the kill was served from its
+    // record, not made again.
+    let keys = endpoint.keys();
+    let distinct: BTreeSet<&String> = keys.iter().collect();
+    assert_eq!(keys.len(), events.len(), "{keys:?}");
+    assert_eq!(distinct.len(), events.len());
+
+    let pid = rustix::process::Pid::from_raw(server.id().cast_signed()).expect("pid");
+    rustix::process::kill_process(pid, rustix::process::Signal::TERM).expect("SIGTERM");
+    let status = tokio::task::spawn_blocking(move || server.wait())
+        .await
+        .expect("joined")
+        .expect("waits");
+    assert!(status.success(), "a clean stop on SIGTERM: {status}");
+}
