@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 
 const ADMIN: &str = "admin-token-for-the-bench";
 /// B's events measured in each phase.
-const SAMPLES: usize = 200;
+const SAMPLES: usize = 500;
 
 fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -17,7 +17,7 @@ use crate::store::MemoryWrite;
 
 /// Fuel a guest may burn between yields to the async executor, so that a CPU-bound guest
 /// cannot hold a worker thread past its timeout.
-const FUEL_PER_YIELD: u64 = 10_000_000;
+const FUEL_PER_YIELD: u64 = 1_000_000;
 
 /// Who is running: attached to every log line of the run.
 #[derive(Clone, Debug, PartialEq, Eq)]

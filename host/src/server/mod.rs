@@ -40,6 +40,50 @@ pub enum StartError {
     Tenants(#[from] TenantError),
     #[error(transparent)]
     Open(#[from] OpenError),
+    #[error("starting the threads that run guests: {0}")]
+    Threads(#[from] std::io::Error),
+}
+
+/// The niceness of the threads guests run on (the server's own keep 0).
+const RUN_NICENESS: i32 = 10;
+
+/// The runtime guests run on: one worker per core, apart from the server's own.
+#[derive(Debug)]
+struct Compute(Option<tokio::runtime::Runtime>);
+
+impl Compute {
+    fn new() -> std::io::Result<Self> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(std::thread::available_parallelism().map_or(2, |n| n.get()))
+            .thread_name("rewind-run")
+            // Below the server's own threads: a request, a journal write or a stream is
+            // never queued behind a guest's time slice. Unprivileged: it only lowers.
+            .on_thread_start(|| {
+                let thread = rustix::thread::gettid();
+                if let Err(e) = rustix::process::setpriority_process(Some(thread), RUN_NICENESS) {
+                    tracing::debug!("lowering a run thread's priority: {e}");
+                }
+            })
+            .enable_all()
+            .build()?;
+        Ok(Self(Some(runtime)))
+    }
+
+    fn handle(&self) -> tokio::runtime::Handle {
+        match &self.0 {
+            Some(runtime) => runtime.handle().clone(),
+            None => unreachable!("the runtime is taken only when dropped"),
+        }
+    }
+}
+
+impl Drop for Compute {
+    fn drop(&mut self) {
+        // Dropped from async code too: do not wait for the runs still there.
+        if let Some(runtime) = self.0.take() {
+            runtime.shutdown_background();
+        }
+    }
 }
 
 /// What every request handler shares.
@@ -55,6 +99,7 @@ pub struct ServerState {
     runtimes: tokio::sync::Mutex<HashMap<String, Arc<TenantRuntime>>>,
     /// One permit per sandbox instance: runs of every tenant take one.
     host_runs: Arc<Semaphore>,
+    compute: Compute,
     lifecycle: Arc<Lifecycle>,
 }
 
@@ -77,6 +122,7 @@ impl ServerState {
             max_component_bytes: usize::try_from(u64::from(config.max_component_mib) << 20)
                 .unwrap_or(usize::MAX),
             host_runs: Arc::new(Semaphore::new(sandbox.instances() as usize)),
+            compute: Compute::new()?,
             tenants,
             sandbox,
             config,
@@ -103,6 +149,7 @@ impl ServerState {
             policy,
             Arc::clone(&self.sandbox),
             Arc::clone(&self.host_runs),
+            self.compute.handle(),
             Arc::clone(&self.lifecycle),
         )
         .await?;

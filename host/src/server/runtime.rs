@@ -243,6 +243,9 @@ pub struct TenantRuntime {
     runs: Arc<Semaphore>,
     /// The host's sandbox instances, shared by every tenant.
     host_runs: Arc<Semaphore>,
+    /// Where runs execute: threads of their own, so that guests busy with CPU do not delay
+    /// the requests, journal writes and streams of the server's own runtime.
+    compute: tokio::runtime::Handle,
     lifecycle: Arc<Lifecycle>,
     agents: RwLock<BTreeMap<String, Versions>>,
     defining: tokio::sync::Mutex<()>,
@@ -261,6 +264,7 @@ impl TenantRuntime {
         policy: TenantPolicy,
         sandbox: Arc<Sandbox>,
         host_runs: Arc<Semaphore>,
+        compute: tokio::runtime::Handle,
         lifecycle: Arc<Lifecycle>,
     ) -> Result<Arc<Self>, OpenError> {
         let log_error = |what, error| OpenError::Log {
@@ -325,6 +329,7 @@ impl TenantRuntime {
             budget,
             builder,
             host_runs,
+            compute,
             lifecycle,
             agents: RwLock::new(agents),
             defining: tokio::sync::Mutex::new(()),
@@ -536,6 +541,9 @@ impl TenantRuntime {
 
     /// Accepts an event for a key, once per event id: a retry of an accepted submission
     /// returns what the first one got.
+    ///
+    /// Not cancellation safe: dropped part way, it can leave the id reserved. Callers that
+    /// may be cancelled (a request whose client went away) run it in a task of its own.
     pub async fn submit(self: &Arc<Self>, event: Submission) -> Result<Submitted, SubmitError> {
         if self.lifecycle.stopping() {
             return Err(SubmitError::Stopping);
@@ -618,7 +626,16 @@ impl TenantRuntime {
         let offset = match self.journal.append(INPUTS, record).await {
             Ok(offset) => offset,
             Err(error) => {
-                self.lock().events.remove(&id);
+                // The record may be in the journal all the same (an acknowledgement can be
+                // lost). So the sequence is not given again, and the id stays reserved: a
+                // retry is told to try again until a restart reads what the journal holds.
+                if let Some(state) = self
+                    .lock()
+                    .keys
+                    .get_mut(&(event.agent.clone(), event.key.clone()))
+                {
+                    state.next_sequence = sequence + 1;
+                }
                 return Err(error.into());
             }
         };
@@ -693,7 +710,16 @@ impl TenantRuntime {
                 return;
             };
             self.lifecycle.started();
-            let finished = self.run_input(&agent, &key, next).await;
+            let run = {
+                let (this, agent, key) = (Arc::clone(&self), agent.clone(), key.clone());
+                self.compute
+                    .spawn(async move { this.run_input(&agent, &key, next).await })
+            };
+            let finished = run.await.unwrap_or_else(|error| {
+                tracing::error!(tenant = %self.name, agent, key,
+                    "an input's run stopped: {error}; it runs again at the next start");
+                false
+            });
             self.lifecycle.finished();
             if !finished {
                 // Stopping: it did not finish, and runs again at the next start.

@@ -77,14 +77,16 @@ pub(super) async fn submit_event(
             )));
         }
     }
-    let submitted = runtime
-        .submit(Submission {
-            agent,
-            event_id: event.id,
-            key: event.key,
-            payload: event.payload,
-        })
+    let submission = Submission {
+        agent,
+        event_id: event.id,
+        key: event.key,
+        payload: event.payload,
+    };
+    // In a task of its own: a client that goes away does not stop an acceptance half way.
+    let submitted = tokio::spawn(async move { runtime.submit(submission).await })
         .await
+        .map_err(|e| ApiError::internal(format!("accepting the event failed: {e}")))?
         .map_err(|error| match error {
             SubmitError::UnknownAgent(_) => ApiError::not_found(error.to_string()),
             SubmitError::Reused { .. } => {
