@@ -29,6 +29,10 @@ use crate::store::{
 
 /// Partitions of a tenant's state log.
 const STATE_PARTITIONS: u32 = 4;
+/// Segments of a tenant's state log: whole segments are what compaction deletes.
+const STATE_SEGMENT_BYTES: u64 = 1 << 20;
+/// How often, at most, the state log is compacted (checked as inputs finish).
+const COMPACT_EVERY: Duration = Duration::from_secs(1);
 /// How stale the stored-bytes figure may be before the tenant's directory is walked again.
 const STORED_REFRESH: Duration = Duration::from_millis(500);
 
@@ -236,7 +240,9 @@ pub struct TenantRuntime {
     dir: PathBuf,
     policy: TenantPolicy,
     journal: Arc<dyn Log>,
+    state_log: Arc<dyn Log>,
     store: Arc<LogStore>,
+    compacted: Mutex<Instant>,
     budget: Arc<CallsPerMinute>,
     builder: Builder,
     /// The tenant's `concurrent-runs`.
@@ -272,21 +278,26 @@ impl TenantRuntime {
             what,
             error,
         };
-        let open_log = |sub: &str, partitions| {
+        let open_log = |sub: &str, partitions, segment_bytes| {
             FileLog::open(
                 &dir.join(sub),
                 FileLogOptions {
                     partitions,
+                    segment_bytes,
                     recovery: Recovery::TruncateTornTail,
                     ..FileLogOptions::default()
                 },
             )
             .map(|(log, _)| Arc::new(log) as Arc<dyn Log>)
         };
-        let journal =
-            open_log("journal", journal::PARTITIONS).map_err(|e| log_error("its journal", e))?;
-        let state_log =
-            open_log("state", STATE_PARTITIONS).map_err(|e| log_error("its state log", e))?;
+        let journal = open_log(
+            "journal",
+            journal::PARTITIONS,
+            FileLogOptions::default().segment_bytes,
+        )
+        .map_err(|e| log_error("its journal", e))?;
+        let state_log = open_log("state", STATE_PARTITIONS, STATE_SEGMENT_BYTES)
+            .map_err(|e| log_error("its state log", e))?;
         let store = Arc::new(LogStore::new(
             Arc::clone(&state_log),
             MarkerStrategy::Offsets,
@@ -325,7 +336,9 @@ impl TenantRuntime {
             dir,
             policy,
             journal,
+            state_log,
             store,
+            compacted: Mutex::new(Instant::now()),
             budget,
             builder,
             host_runs,
@@ -829,6 +842,7 @@ impl TenantRuntime {
             tracing::warn!(tenant = %self.name, agent = agent_name, key, sequence,
                 "pruning the input's states: {error}");
         }
+        self.compact_if_due().await;
         let last_output = records
             .iter()
             .zip(&offsets)
@@ -856,6 +870,32 @@ impl TenantRuntime {
             self.outputs.send_modify(|end| *end = (*end).max(position));
         }
         true
+    }
+
+    /// At most every [`COMPACT_EVERY`]: deletes the state log's segments below the store's
+    /// marker. Only states of finished inputs (pruned from the cache) are there; recovery
+    /// rebuilds from what is left and prunes those again by the journal.
+    async fn compact_if_due(&self) {
+        {
+            let mut last = self.compacted.lock().unwrap_or_else(|p| p.into_inner());
+            if last.elapsed() < COMPACT_EVERY {
+                return;
+            }
+            *last = Instant::now();
+        }
+        let marker = match self.store.marker().await {
+            Ok(marker) => marker,
+            Err(error) => {
+                tracing::warn!(tenant = %self.name, "compacting the state log: {error}");
+                return;
+            }
+        };
+        for (partition, &offset) in (0..).zip(&marker.offsets) {
+            if let Err(error) = self.state_log.delete_below(partition, offset).await {
+                tracing::warn!(tenant = %self.name, partition, "compacting the state log: {error}");
+            }
+        }
+        self.stored.lock().unwrap_or_else(|p| p.into_inner()).0 = None;
     }
 
     /// Up to `limit` outputs after `position`, in order.

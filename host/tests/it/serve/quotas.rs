@@ -225,3 +225,67 @@ async fn stored_bytes_refuse_what_would_not_fit() {
         .await;
     assert_eq!(status, StatusCode::ACCEPTED);
 }
+
+/// Bytes of the files under `dir`.
+fn size(dir: &std::path::Path) -> u64 {
+    std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .flatten()
+                .map(|entry| match entry.metadata() {
+                    Ok(m) if m.is_dir() => size(&entry.path()),
+                    Ok(m) => m.len(),
+                    Err(_) => 0,
+                })
+                .sum()
+        })
+        .unwrap_or_default()
+}
+
+/// What finished inputs recorded leaves the state log, so that it does not count against
+/// `stored-bytes` for ever; what the key needs (its memory) is still there after.
+#[tokio::test]
+async fn the_state_log_sheds_what_finished_inputs_recorded() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = Server::start(dir.path(), "").await;
+    let acme = server.tenant("acme").await;
+    server.deploy("acme", &acme, "bot", "caller", "").await;
+    let big = "x".repeat(100_000);
+    let events = 40;
+    for i in 0..events {
+        let script = json!({ "memory_set": { "note": format!("{i}{big}") }, "output": false });
+        let (status, _) = server
+            .submit("acme", &acme, "bot", &format!("e{i}"), "k", script)
+            .await;
+        assert_eq!(status, StatusCode::ACCEPTED);
+    }
+    server.settled_history("acme", &acme, "bot", "k").await;
+    // The next input to finish a second later compacts.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let (status, _) = server
+        .submit(
+            "acme",
+            &acme,
+            "bot",
+            "last",
+            "k",
+            json!({ "memory_get": ["note"] }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::ACCEPTED);
+    let outputs = server.wait_outputs("acme", &acme, 1).await;
+    let note = outputs[0]["payload"]["memory"]["note"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        note.starts_with(&format!("{}x", events - 1)),
+        "the last write is kept"
+    );
+
+    let written = events * big.len() as u64;
+    let state = size(&dir.path().join("tenants/acme/state"));
+    assert!(
+        state < written / 2,
+        "{state} bytes in the state log after {written} bytes of states"
+    );
+}
