@@ -66,6 +66,7 @@ impl Builder {
     fn build(&self, dir: &Path, text: &str, strict: bool) -> Result<Agent, DefineError> {
         let mut file = AgentFile::parse(&dir.join(FILE), text)
             .map_err(|e| DefineError::Invalid(e.to_string()))?;
+        check_actions(&file)?;
         let raw: toml::Table =
             toml::from_str(text).map_err(|e| DefineError::Invalid(e.to_string()))?;
         if raw.contains_key("state") {
@@ -123,6 +124,7 @@ impl Builder {
                  with a letter or digit"
             ))
         })?;
+        check_actions(&file)?;
         let agent_dir = tenant_dir.join("agents").join(&name);
         let version = versions_on_disk(&agent_dir)?.last().map_or(1, |v| v + 1);
         let temp = agent_dir.join(format!(".define-{:016x}", rand::random::<u64>()));
@@ -199,6 +201,20 @@ impl Builder {
         }
         Ok(agents)
     }
+}
+
+/// Action names become the file names of a version's pinned components: names, not paths.
+fn check_actions(file: &AgentFile) -> Result<(), DefineError> {
+    for action in &file.config.actions {
+        check_name(&action.name).map_err(|_| {
+            DefineError::Invalid(format!(
+                "action name {:?} is not 1 to 63 characters of a-z, 0-9 and '-', starting \
+                 with a letter or digit",
+                action.name
+            ))
+        })?;
+    }
+    Ok(())
 }
 
 /// The agent.toml of a version, as it was posted.

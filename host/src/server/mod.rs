@@ -16,7 +16,7 @@ mod runtime;
 mod tenants;
 
 use std::collections::HashMap;
-use std::future::Future;
+use std::future::{Future, IntoFuture as _};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -179,13 +179,27 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let lifecycle = Arc::clone(&state.lifecycle);
+    let (stopping, stopped) = tokio::sync::oneshot::channel::<()>();
     let shutdown = async move {
         shutdown.await;
         lifecycle.close_streams();
+        let _ = stopping.send(());
     };
-    axum::serve(listener, router(Arc::clone(&state)))
+    let serving = axum::serve(listener, router(Arc::clone(&state)))
         .with_graceful_shutdown(shutdown)
-        .await?;
+        .into_future();
+    // Requests still open a grace period after the signal (a slow upload, say) are cut.
+    let grace = Duration::from_millis(state.config.shutdown_grace_ms);
+    tokio::select! {
+        served = serving => served?,
+        () = async {
+            if stopped.await.is_ok() {
+                tokio::time::sleep(grace).await;
+            } else {
+                std::future::pending::<()>().await;
+            }
+        } => tracing::warn!("requests still open {grace:?} after the signal; stopping anyway"),
+    }
     let unfinished = state.stop().await;
     if unfinished > 0 {
         tracing::warn!(

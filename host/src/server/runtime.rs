@@ -135,6 +135,8 @@ pub enum SubmitError {
     Quota(#[from] QuotaExceeded),
     #[error("the server is stopping")]
     Stopping,
+    #[error("{0}")]
+    Unavailable(String),
     #[error("the journal did not accept the event: {0}")]
     Log(#[from] LogError),
 }
@@ -198,6 +200,18 @@ enum EventEntry {
     },
 }
 
+/// What became of one input's run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Outcome {
+    /// Its `finished` record is durable.
+    Finished,
+    /// The server is stopping: it runs again at the next start.
+    Stopped,
+    /// It cannot finish now (its version cannot be loaded, the journal failed, the host
+    /// panicked): the key waits, in order, for the next start.
+    Stuck,
+}
+
 /// An input waiting for its key's turn.
 #[derive(Clone, Debug)]
 struct Queued {
@@ -243,6 +257,8 @@ pub struct TenantRuntime {
     state_log: Arc<dyn Log>,
     store: Arc<LogStore>,
     compacted: Mutex<Instant>,
+    /// The journal failed a write: nothing more is accepted or started until a restart.
+    broken: AtomicBool,
     budget: Arc<CallsPerMinute>,
     builder: Builder,
     /// The tenant's `concurrent-runs`.
@@ -339,6 +355,7 @@ impl TenantRuntime {
             state_log,
             store,
             compacted: Mutex::new(Instant::now()),
+            broken: AtomicBool::new(false),
             budget,
             builder,
             host_runs,
@@ -561,9 +578,21 @@ impl TenantRuntime {
         if self.lifecycle.stopping() {
             return Err(SubmitError::Stopping);
         }
+        if self.broken.load(Ordering::SeqCst) {
+            return Err(SubmitError::Unavailable(
+                "this tenant's journal failed a write; it takes events again once the server \
+                 is restarted"
+                    .to_owned(),
+            ));
+        }
         let version = self
             .current_version(&event.agent)
             .ok_or_else(|| SubmitError::UnknownAgent(event.agent.clone()))?;
+        if let Err(error) = self.agent_version(&event.agent, version) {
+            return Err(SubmitError::Unavailable(error));
+        }
+        // Before the tenant's lock: it may walk the tenant's directory.
+        self.check_storage(event.payload.get().len() as u64)?;
         let digest = digest(&event.key, &event.payload);
         let id = (event.agent.clone(), event.event_id.clone());
         let intake = {
@@ -606,8 +635,9 @@ impl TenantRuntime {
                 .into());
             }
             self.budget.check()?;
-            self.check_storage(event.payload.get().len() as u64)?;
             inner.events.insert(id.clone(), EventEntry::Reserved);
+            // Counted from the reservation, so that submissions at once cannot all pass.
+            inner.in_flight += 1;
             Arc::clone(
                 &inner
                     .keys
@@ -642,13 +672,15 @@ impl TenantRuntime {
                 // The record may be in the journal all the same (an acknowledgement can be
                 // lost). So the sequence is not given again, and the id stays reserved: a
                 // retry is told to try again until a restart reads what the journal holds.
-                if let Some(state) = self
-                    .lock()
+                let mut inner = self.lock();
+                inner.in_flight = inner.in_flight.saturating_sub(1);
+                if let Some(state) = inner
                     .keys
                     .get_mut(&(event.agent.clone(), event.key.clone()))
                 {
                     state.next_sequence = sequence + 1;
                 }
+                self.broken.store(true, Ordering::SeqCst);
                 return Err(error.into());
             }
         };
@@ -664,7 +696,6 @@ impl TenantRuntime {
                     digest,
                 },
             );
-            inner.in_flight += 1;
             let state = inner
                 .keys
                 .entry((event.agent.clone(), event.key.clone()))
@@ -722,33 +753,42 @@ impl TenantRuntime {
             let Ok(_host) = self.host_runs.acquire().await else {
                 return;
             };
-            self.lifecycle.started();
-            let run = {
-                let (this, agent, key) = (Arc::clone(&self), agent.clone(), key.clone());
-                self.compute
-                    .spawn(async move { this.run_input(&agent, &key, next).await })
+            let outcome = if self.lifecycle.stopping() {
+                Outcome::Stopped
+            } else if self.broken.load(Ordering::SeqCst) {
+                Outcome::Stuck
+            } else {
+                self.lifecycle.started();
+                let run = {
+                    let (this, agent, key) = (Arc::clone(&self), agent.clone(), key.clone());
+                    let next = next.clone();
+                    self.compute
+                        .spawn(async move { this.run_input(&agent, &key, next).await })
+                };
+                let outcome = run.await.unwrap_or_else(|error| {
+                    tracing::error!(tenant = %self.name, agent, key, sequence = next.sequence,
+                        "an input's run stopped: {error}; the key waits for the next start");
+                    Outcome::Stuck
+                });
+                self.lifecycle.finished();
+                outcome
             };
-            let finished = run.await.unwrap_or_else(|error| {
-                tracing::error!(tenant = %self.name, agent, key,
-                    "an input's run stopped: {error}; it runs again at the next start");
-                false
-            });
-            self.lifecycle.finished();
-            if !finished {
-                // Stopping: it did not finish, and runs again at the next start.
+            if outcome != Outcome::Finished {
+                // It stays first in its key's queue (and in the journal, unfinished). A
+                // stuck key keeps `working`, so that no later input of it runs first.
                 let mut inner = self.lock();
                 if let Some(state) = inner.keys.get_mut(&id) {
-                    state.working = false;
+                    state.queue.push_front(next);
                     state.running = None;
+                    state.working = outcome == Outcome::Stuck;
                 }
                 return;
             }
         }
     }
 
-    /// Runs one input and writes its outputs and `finished` record. False when the server
-    /// stopped before the record could be written.
-    async fn run_input(&self, agent_name: &str, key: &str, queued: Queued) -> bool {
+    /// Runs one input and writes its outputs, then its `finished` record.
+    async fn run_input(&self, agent_name: &str, key: &str, queued: Queued) -> Outcome {
         let sequence = queued.sequence;
         let memory_before = self
             .lock()
@@ -763,7 +803,13 @@ impl TenantRuntime {
         };
         let scope = KeyScope::new(&self.name, agent_name, key);
         let (error, outputs, memory) = match self.agent_version(agent_name, queued.version) {
-            Err(error) => (Some(error), Vec::new(), memory_before),
+            Err(error) => {
+                // Not failed for good: the operator can fix what the version needs (a
+                // secret, a host) and restart; its recorded calls wait for it.
+                tracing::error!(tenant = %self.name, agent = agent_name, key, sequence,
+                    "{error}; the key waits for the next start");
+                return Outcome::Stuck;
+            }
             Ok(agent) => {
                 agent.restore_memory(key, memory_before.clone());
                 let report = agent.process_isolated(&input).await;
@@ -783,7 +829,7 @@ impl TenantRuntime {
         };
         // A failed input's outputs are not delivered: it did not complete.
         let outputs = if error.is_some() { Vec::new() } else { outputs };
-        let mut records = Vec::with_capacity(outputs.len() + 1);
+        let mut records = Vec::with_capacity(outputs.len());
         {
             let inner = self.lock();
             for output in &outputs {
@@ -820,22 +866,24 @@ impl TenantRuntime {
             memory: memory.clone(),
             finished_at: journal::now_ms(),
         };
-        records.push((INPUTS, InputRecord::Finished(finished).encode()));
-        let bytes: u64 = records.iter().map(|(_, r)| r.len() as u64).sum();
-        let mut backoff = Duration::from_millis(50);
-        let offsets = loop {
-            match self.journal.append_many(records.clone()).await {
-                Ok(offsets) => break offsets,
-                Err(error) => {
-                    tracing::error!(tenant = %self.name, agent = agent_name, key, sequence,
-                        "the journal did not take the input's end; retrying: {error}");
-                    if self.lifecycle.stopping() {
-                        return false;
-                    }
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(5));
-                }
+        let finished = InputRecord::Finished(finished).encode();
+        let bytes =
+            records.iter().map(|(_, r)| r.len() as u64).sum::<u64>() + finished.len() as u64;
+        // The outputs are durable before the record that says the input finished, so that
+        // a `finished` record never stands without its outputs. A failed write is not
+        // retried: it may have reached the log, and writing again could double it. The
+        // tenant stops until a restart reads what the journal holds.
+        let output_offsets = if records.is_empty() {
+            Vec::new()
+        } else {
+            match self.journal.append_many(records).await {
+                Ok(offsets) => offsets,
+                Err(error) => return self.journal_failed(agent_name, key, sequence, &error),
             }
+        };
+        let finished_at = match self.journal.append(INPUTS, finished).await {
+            Ok(offset) => offset,
+            Err(error) => return self.journal_failed(agent_name, key, sequence, &error),
         };
         self.note_stored(bytes);
         if let Err(error) = self.store.prune(&scope, sequence).await {
@@ -843,12 +891,7 @@ impl TenantRuntime {
                 "pruning the input's states: {error}");
         }
         self.compact_if_due().await;
-        let last_output = records
-            .iter()
-            .zip(&offsets)
-            .filter(|((partition, _), _)| *partition == OUTPUTS)
-            .map(|(_, offset)| offset + 1)
-            .next_back();
+        let last_output = output_offsets.last().map(|offset| offset + 1);
         {
             let mut inner = self.lock();
             inner.in_flight = inner.in_flight.saturating_sub(1);
@@ -858,18 +901,27 @@ impl TenantRuntime {
             if let Some(state) = inner.keys.get_mut(&(agent_name.to_owned(), key.to_owned())) {
                 state.memory = memory;
                 state.running = None;
-                if let (Some(entry), Some(offset)) = (
-                    state.history.iter_mut().rev().find(|e| e.0 == sequence),
-                    offsets.last(),
-                ) {
-                    entry.2 = Some(*offset);
+                if let Some(entry) = state.history.iter_mut().rev().find(|e| e.0 == sequence) {
+                    entry.2 = Some(finished_at);
                 }
             }
         }
         if let Some(position) = last_output {
             self.outputs.send_modify(|end| *end = (*end).max(position));
         }
-        true
+        Outcome::Finished
+    }
+
+    /// The journal did not take an input's end: no input of the tenant starts and no event
+    /// is accepted until a restart, which reads back what the journal holds.
+    fn journal_failed(&self, agent: &str, key: &str, sequence: u64, error: &LogError) -> Outcome {
+        if self.lifecycle.stopping() {
+            return Outcome::Stopped;
+        }
+        tracing::error!(tenant = %self.name, agent, key, sequence,
+            "the journal did not take the input's end: {error}; the tenant stops until a restart");
+        self.broken.store(true, Ordering::SeqCst);
+        Outcome::Stuck
     }
 
     /// At most every [`COMPACT_EVERY`]: deletes the state log's segments below the store's

@@ -55,7 +55,7 @@ pub(super) struct NewEvent {
         (status = 400, description = "Not a valid event", body = ErrorBody),
         (status = 409, description = "`event-id-reused` for another event, or `event-in-progress`", body = ErrorBody),
         (status = 429, description = "Over `queued-inputs`, `calls-per-minute` or `stored-bytes`", body = ErrorBody),
-        (status = 503, description = "The server is stopping", body = ErrorBody),
+        (status = 503, description = "`stopping`, or `unavailable`: the agent's current version cannot be loaded, or the tenant's journal failed", body = ErrorBody),
         TenantErrors,
     ))]
 pub(super) async fn submit_event(
@@ -99,6 +99,11 @@ pub(super) async fn submit_event(
             SubmitError::Stopping => ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "stopping",
+                error.to_string(),
+            ),
+            SubmitError::Unavailable(_) => ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unavailable",
                 error.to_string(),
             ),
             SubmitError::Log(_) => {

@@ -37,6 +37,15 @@ async fn a_bad_agent_definition_is_refused_with_what_is_wrong() {
             "Not A Name",
         ),
         (
+            // An action's name names its pinned component's file: never a path.
+            "name = \"a\"\n[[actions]]\nname = \"../../../globex/components/worker\"\n\
+             component = \"worker\"\non = [\"input\"]\n"
+                .to_owned(),
+            StatusCode::BAD_REQUEST,
+            "bad-agent",
+            "action name",
+        ),
+        (
             agent("a", "worker", "[functions.x]\nkind = \"custom\"\n"),
             StatusCode::UNPROCESSABLE_ENTITY,
             "cannot-build",
