@@ -816,10 +816,22 @@ impl TenantRuntime {
                 let memory = agent.take_memory(key);
                 match report.error {
                     // A failed input leaves the key's memory as it was.
-                    Some(error) => (Some(error.to_string()), report.outputs, memory_before),
+                    Some(error) => (
+                        Some(error.to_string()),
+                        report.outputs,
+                        memory_before.clone(),
+                    ),
                     None => (None, report.outputs, memory),
                 }
             }
+        };
+        // What the run produced counts toward `stored-bytes` too: over it, the input fails
+        // naming the quota, and its outputs and memory writes are dropped.
+        let produced: usize = outputs.iter().map(|o| o.payload.len()).sum::<usize>()
+            + memory.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>();
+        let (error, memory) = match (error, self.check_storage(produced as u64)) {
+            (None, Err(quota)) => (Some(quota.to_string()), memory_before),
+            (error, _) => (error, memory),
         };
         let actions = summarize(&*self.store, &scope, sequence);
         let status = if error.is_some() {

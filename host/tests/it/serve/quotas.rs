@@ -224,6 +224,24 @@ async fn stored_bytes_refuse_what_would_not_fit() {
         .submit("acme", &acme, "bot", "e2", "k", json!(null))
         .await;
     assert_eq!(status, StatusCode::ACCEPTED);
+    server.settled_history("acme", &acme, "bot", "k").await;
+
+    // What a run writes counts too: an event that fits, whose run writes as much again.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let (_, shown) = super::send(
+        server.client.get(server.url("/v1/tenants/acme")),
+        Some(&acme),
+    )
+    .await;
+    let stored = shown["stored_bytes"].as_u64().expect("stored bytes");
+    let size = usize::try_from((quota - stored) * 2 / 3).expect("fits");
+    let script = json!({ "memory_set": { "big": "y".repeat(size) } });
+    let (status, body) = server
+        .submit("acme", &acme, "bot", "e3", "grows", script)
+        .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    let error = failure(&server, "acme", &acme, "grows").await;
+    assert!(error.contains("stored-bytes"), "{error}");
 }
 
 /// Bytes of the files under `dir`.
