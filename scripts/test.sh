@@ -11,6 +11,15 @@ for component in rustfmt clippy; do
 done
 scripts/guests.sh
 
+# The JetStream tests run Debian's nats-server on loopback.
+if ! command -v nats-server >/dev/null 2>&1 && [ ! -x /usr/sbin/nats-server ]; then
+    echo "== installing nats-server"
+    sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    $sudo apt-get update -qq
+    $sudo apt-get install -y -qq nats-server
+fi
+
 echo "== cargo fmt --check"
 cargo fmt --all --check
 echo "== cargo clippy"

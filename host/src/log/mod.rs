@@ -6,11 +6,13 @@
 
 pub mod conformance;
 mod file;
+mod jetstream;
 mod memory;
 
 use async_trait::async_trait;
 
 pub use file::{FileLog, FileLogOptions, OpenReport, Recovery, Truncation};
+pub use jetstream::JetStreamLog;
 pub use memory::MemoryLog;
 
 /// A record's position in its partition: 0 for the first record ever appended, and one more

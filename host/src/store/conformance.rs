@@ -38,7 +38,8 @@ macro_rules! store_conformance_tests {
     };
     (@cases $factory:expr; $($case:ident),* $(,)?) => {
         $(
-            #[tokio::test]
+            // Multi-threaded, so that a factory may block on setting up a remote log.
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn $case() {
                 $crate::store::conformance::$case(&$factory).await;
             }

@@ -13,6 +13,7 @@ mod in_doubt;
 mod kill;
 mod kit;
 mod model;
+mod nats;
 mod polyglot;
 mod recovery;
 mod sandbox;
