@@ -107,3 +107,47 @@ pub trait Log: Send + Sync + std::fmt::Debug {
     /// (a segment is deleted only as a whole). Offsets of later appends are unaffected.
     async fn delete_below(&self, partition: u32, offset: Offset) -> Result<(), LogError>;
 }
+
+/// A log that keeps something alive as long as it lives: the temporary directory a file log
+/// is in, the test server a remote log talks to. Every call goes to `log`.
+#[derive(Debug)]
+pub struct Guarded<G: std::fmt::Debug + Send + Sync> {
+    log: Box<dyn Log>,
+    _guard: G,
+}
+
+impl<G: std::fmt::Debug + Send + Sync> Guarded<G> {
+    pub fn new(log: impl Log + 'static, guard: G) -> Self {
+        Self {
+            log: Box::new(log),
+            _guard: guard,
+        }
+    }
+}
+
+#[async_trait]
+impl<G: std::fmt::Debug + Send + Sync> Log for Guarded<G> {
+    fn partitions(&self) -> u32 {
+        self.log.partitions()
+    }
+    async fn append(&self, partition: u32, payload: Vec<u8>) -> Result<Offset, LogError> {
+        self.log.append(partition, payload).await
+    }
+    async fn append_many(&self, records: Vec<(u32, Vec<u8>)>) -> Result<Vec<Offset>, LogError> {
+        self.log.append_many(records).await
+    }
+    async fn read(
+        &self,
+        partition: u32,
+        from: Offset,
+        max: usize,
+    ) -> Result<Vec<Record>, LogError> {
+        self.log.read(partition, from, max).await
+    }
+    async fn bounds(&self, partition: u32) -> Result<(Offset, Offset), LogError> {
+        self.log.bounds(partition).await
+    }
+    async fn delete_below(&self, partition: u32, offset: Offset) -> Result<(), LogError> {
+        self.log.delete_below(partition, offset).await
+    }
+}

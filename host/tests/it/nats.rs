@@ -6,8 +6,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
-use rewind_host::log::{JetStreamLog, Log, LogError, Offset, Record};
+use rewind_host::log::{Guarded, JetStreamLog, Log};
 
 /// A nats-server with JetStream on a free loopback port, killed when dropped.
 #[derive(Debug)]
@@ -65,37 +64,6 @@ impl Drop for NatsServer {
     }
 }
 
-/// A JetStream log that owns the server it runs on.
-#[derive(Debug)]
-struct OwnServer {
-    log: JetStreamLog,
-    _server: NatsServer,
-}
-
-#[async_trait]
-impl Log for OwnServer {
-    fn partitions(&self) -> u32 {
-        self.log.partitions()
-    }
-    async fn append(&self, partition: u32, payload: Vec<u8>) -> Result<Offset, LogError> {
-        self.log.append(partition, payload).await
-    }
-    async fn read(
-        &self,
-        partition: u32,
-        from: Offset,
-        max: usize,
-    ) -> Result<Vec<Record>, LogError> {
-        self.log.read(partition, from, max).await
-    }
-    async fn bounds(&self, partition: u32) -> Result<(Offset, Offset), LogError> {
-        self.log.bounds(partition).await
-    }
-    async fn delete_below(&self, partition: u32, offset: Offset) -> Result<(), LogError> {
-        self.log.delete_below(partition, offset).await
-    }
-}
-
 fn jetstream_log(partitions: u32) -> Arc<dyn Log> {
     let server = NatsServer::start();
     let log = tokio::task::block_in_place(|| {
@@ -107,10 +75,7 @@ fn jetstream_log(partitions: u32) -> Arc<dyn Log> {
         ))
     })
     .expect("the log connects");
-    Arc::new(OwnServer {
-        log,
-        _server: server,
-    })
+    Arc::new(Guarded::new(log, server))
 }
 
 rewind_host::log_conformance_tests!(jetstream_log);

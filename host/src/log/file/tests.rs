@@ -1,40 +1,7 @@
 use std::sync::Arc;
 
-use async_trait::async_trait;
-
 use super::{FileLog, FileLogOptions, Recovery};
-use crate::log::{Log, LogError, Offset, Record};
-
-/// A file log in a temporary directory that lives as long as the log.
-#[derive(Debug)]
-struct TempLog {
-    log: FileLog,
-    _dir: tempfile::TempDir,
-}
-
-#[async_trait]
-impl Log for TempLog {
-    fn partitions(&self) -> u32 {
-        self.log.partitions()
-    }
-    async fn append(&self, partition: u32, payload: Vec<u8>) -> Result<Offset, LogError> {
-        self.log.append(partition, payload).await
-    }
-    async fn read(
-        &self,
-        partition: u32,
-        from: Offset,
-        max: usize,
-    ) -> Result<Vec<Record>, LogError> {
-        self.log.read(partition, from, max).await
-    }
-    async fn bounds(&self, partition: u32) -> Result<(Offset, Offset), LogError> {
-        self.log.bounds(partition).await
-    }
-    async fn delete_below(&self, partition: u32, offset: Offset) -> Result<(), LogError> {
-        self.log.delete_below(partition, offset).await
-    }
-}
+use crate::log::{Guarded, Log, LogError, Offset};
 
 /// Small segments, so that the suite crosses segment boundaries and retention deletes
 /// files, and a small journal, so that it is emptied often.
@@ -51,7 +18,7 @@ fn temp_log(partitions: u32) -> Arc<dyn Log> {
     let dir = tempfile::tempdir().expect("tempdir");
     let (log, report) = FileLog::open(dir.path(), options(partitions)).expect("open");
     assert!(report.truncated.is_empty());
-    Arc::new(TempLog { log, _dir: dir })
+    Arc::new(Guarded::new(log, dir))
 }
 
 crate::log_conformance_tests!(temp_log);
