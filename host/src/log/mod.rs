@@ -12,11 +12,12 @@ mod memory;
 use async_trait::async_trait;
 
 pub use file::{FileLog, FileLogOptions, OpenReport, Recovery, Truncation};
-pub use jetstream::JetStreamLog;
+pub use jetstream::{Authority, JetStreamLog, StreamSpec, connect as connect_nats};
 pub use memory::MemoryLog;
 
-/// A record's position in its partition: 0 for the first record ever appended, and one more
-/// for each record after it. Offsets are never reused, also after retention.
+/// A record's position in its partition: 0 for the first record ever appended, and higher
+/// for each record after it: one more in the embedded logs; a remote log may leave gaps
+/// (JetStream: where a fence is). Offsets are never reused, also after retention.
 pub type Offset = u64;
 
 /// One record read back from a partition.
@@ -58,6 +59,11 @@ pub enum LogError {
     },
     #[error("the log is closed")]
     Closed,
+    #[error(
+        "{stream}: fenced: another host holds this partition now, and this one may no longer \
+         write to it"
+    )]
+    Fenced { stream: String },
     #[error("record of {size} bytes is larger than the {max} a record may hold")]
     TooLarge { size: usize, max: usize },
 }
@@ -92,7 +98,8 @@ pub trait Log: Send + Sync + std::fmt::Debug {
 
     /// Reads up to `max` records of `partition` from offset `from`, in offset order.
     ///
-    /// Returns only durable records. An empty result means `from` is the end. Fails with
+    /// Returns only durable records. An empty result means no record follows `from` (it is
+    /// the end, or only a gap is left before the end). Fails with
     /// [`LogError::OutOfRange`] when `from` is below the partition's start (retention
     /// deleted it) or past its end.
     async fn read(&self, partition: u32, from: Offset, max: usize)

@@ -20,6 +20,7 @@
 //! in a crash from one served: Rewind's own tests (unseeded) check that.
 
 mod agent;
+pub mod nats;
 mod simulator;
 
 use std::collections::{BTreeMap, BTreeSet};

@@ -1,0 +1,48 @@
+//! The log on NATS JetStream (issue #7): the conformance suite every log passes, against a
+//! real nats-server (Debian's, installed by scripts/test.sh) on loopback.
+
+use std::sync::Arc;
+
+use rewind_host::log::{Guarded, JetStreamLog, Log};
+use rewind_host::testing::nats::NatsServers;
+
+fn jetstream_log(partitions: u32) -> Arc<dyn Log> {
+    let server = NatsServers::single().expect("nats-server starts");
+    let log = tokio::task::block_in_place(|| {
+        tokio::runtime::Handle::current().block_on(JetStreamLog::connect(
+            &server.url(),
+            "rewind-test",
+            partitions,
+            1,
+        ))
+    })
+    .expect("the log connects");
+    Arc::new(Guarded::new(log, server))
+}
+
+rewind_host::log_conformance_tests!(jetstream_log);
+
+/// The store's conformance suite over the JetStream log, with either marker strategy.
+mod store {
+    use std::sync::Arc;
+
+    use rewind_host::store::{LogStore, MarkerStrategy};
+
+    mod offsets {
+        use super::*;
+        rewind_host::store_conformance_tests!(|partitions| Arc::new(LogStore::new(
+            super::super::jetstream_log(partitions),
+            MarkerStrategy::Offsets
+        )));
+    }
+
+    mod refresh {
+        use super::*;
+        rewind_host::store_conformance_tests!(|partitions| Arc::new(LogStore::new(
+            super::super::jetstream_log(partitions),
+            MarkerStrategy::Refresh
+        )));
+    }
+}
+
+mod fencing;
