@@ -15,7 +15,7 @@ pub use config::{
     ActionConfig, AgentConfig, AgentFile, ConfigError, DEFAULT_PARALLELISM, FunctionConfig,
     FunctionKind, StateConfig,
 };
-pub use output::{JsonlSink, OutputWriter};
+pub use output::{JsonlSink, OutputSink, OutputWriter};
 pub use scheduler::{Checkpointing, Progress, RunOptions, Summary, run_inputs};
 
 use crate::durable::digest::{input_trigger, sent_trigger};

@@ -34,7 +34,35 @@ impl OutputWriter for std::io::BufWriter<std::fs::File> {
 }
 
 impl OutputWriter for Vec<u8> {}
-impl OutputWriter for std::io::StdoutLock<'_> {}
+impl OutputWriter for std::io::Stdout {}
+
+/// Where a run's outputs go: each output once, by id, however often its input runs.
+#[async_trait::async_trait]
+pub trait OutputSink: Send {
+    /// Writes `output` unless an output with its id was written before; returns whether
+    /// it wrote. An output it wrote is durable once [`sync`](Self::sync) returns.
+    async fn write(&mut self, output: &Output) -> std::io::Result<bool>;
+
+    /// Makes every output written so far durable: a checkpoint that counts their inputs
+    /// as complete is saved only after this.
+    async fn sync(&mut self) -> std::io::Result<()>;
+
+    /// Where the outputs stand now, for a checkpoint: `None` for a sink without positions.
+    async fn position(&mut self) -> std::io::Result<Option<u64>> {
+        Ok(None)
+    }
+}
+
+#[async_trait::async_trait]
+impl<W: OutputWriter + Send> OutputSink for JsonlSink<W> {
+    async fn write(&mut self, output: &Output) -> std::io::Result<bool> {
+        JsonlSink::write(self, output)
+    }
+
+    async fn sync(&mut self) -> std::io::Result<()> {
+        JsonlSink::sync(self)
+    }
+}
 
 /// Writes outputs as JSON Lines; an output whose id it has written before is dropped.
 #[derive(Debug)]

@@ -4,10 +4,11 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures_util::{Stream, StreamExt as _};
 use tokio::sync::{Semaphore, mpsc};
 
 use super::input::{InputLine, LineError};
-use super::output::{JsonlSink, OutputWriter};
+use super::output::OutputSink;
 use super::{Agent, InputError, InputReport};
 use crate::checkpoint::{Checkpoint, CheckpointId, CheckpointStore, KeyProgress, PendingInput};
 use crate::crash::{self, CrashPoint};
@@ -16,7 +17,7 @@ use crate::event::Input;
 use crate::log::Log;
 
 /// Told as inputs are accepted and finished (a progress bar, for instance).
-pub trait Progress {
+pub trait Progress: Sync {
     fn accepted(&self) {}
     /// `input` is done: completed, or failed (`completed` is false).
     fn finished(&self, _input: &Input, _completed: bool) {}
@@ -85,6 +86,12 @@ const IN_FLIGHT_PER_KEY_SLOT: usize = 64;
 
 /// Processes `lines` through `agent`, writing outputs to `sink` as inputs complete.
 ///
+/// `lines` may be a file read to its end or a stream that waits for more: outputs are
+/// written as inputs complete and checkpoints taken on time also while it waits. A line's
+/// number is its input position (for a stream, its sequence); lines at or before the
+/// resumed checkpoint's position are skipped. When `lines` ends, every accepted input is
+/// finished and a last checkpoint taken.
+///
 /// Inputs of one key run one at a time in file order, and the n-th input of a key gets
 /// sequence n; up to the agent's `parallelism` keys run at once. When an input fails, the
 /// later inputs of its key are not run (they are reported as [`InputError::Blocked`]), so
@@ -93,10 +100,10 @@ const IN_FLIGHT_PER_KEY_SLOT: usize = 64;
 /// With `options.resume`, the checkpoint's keys and memory are restored, its pending inputs
 /// run first, and `lines` resume after its input position. With `options.checkpointing`,
 /// checkpoints are taken as it says and once more at the end.
-pub async fn run_inputs<W: OutputWriter>(
+pub async fn run_inputs<S: OutputSink>(
     agent: Arc<Agent>,
-    lines: impl Iterator<Item = Result<InputLine, LineError>>,
-    sink: &mut JsonlSink<W>,
+    lines: impl Stream<Item = Result<InputLine, LineError>> + Unpin,
+    sink: &mut S,
     progress: &dyn Progress,
     options: RunOptions<'_>,
 ) -> std::io::Result<Summary> {
@@ -121,22 +128,34 @@ pub async fn run_inputs<W: OutputWriter>(
     }
     let skip_to = run.tracker.position;
     let max_in_flight = agent.parallelism() * IN_FLIGHT_PER_KEY_SLOT;
-    for line in lines {
-        let line = match line {
-            Ok(line) if (line.line as u64) <= skip_to => continue,
-            Err(error) if (error.line as u64) <= skip_to => continue,
-            Ok(line) => line,
-            Err(error) => {
+    let mut lines = lines;
+    loop {
+        let intake = run.tracker.pending.len() < max_in_flight;
+        let due = run.checkpoint_time();
+        let next = tokio::select! {
+            biased;
+            Some((input, report)) = run.done_rx.recv() => {
+                run.record(&input, report).await?;
+                continue;
+            }
+            () = tokio::time::sleep_until(due.unwrap_or_else(far_future).into()), if due.is_some() => {
+                run.checkpoint().await;
+                continue;
+            }
+            next = lines.next(), if intake => next,
+        };
+        let line = match next {
+            None => break,
+            Some(Ok(line)) if (line.line as u64) <= skip_to => continue,
+            Some(Err(error)) if (error.line as u64) <= skip_to => continue,
+            Some(Ok(line)) => line,
+            Some(Err(error)) => {
                 tracing::warn!("skipping input {error}");
                 run.summary.malformed.push(error);
                 continue;
             }
         };
-        while run.tracker.pending.len() >= max_in_flight {
-            run.wait_for_one().await?;
-        }
         run.accept(line);
-        run.drain_ready()?;
         if run.checkpoint_due() {
             run.checkpoint().await;
         }
@@ -146,7 +165,11 @@ pub async fn run_inputs<W: OutputWriter>(
     Ok(run.summary)
 }
 
-struct Run<'a, W: OutputWriter> {
+fn far_future() -> Instant {
+    Instant::now() + Duration::from_secs(86_400)
+}
+
+struct Run<'a, S: OutputSink> {
     agent: Arc<Agent>,
     permits: Arc<Semaphore>,
     done_tx: Option<mpsc::UnboundedSender<(Input, InputReport)>>,
@@ -154,7 +177,7 @@ struct Run<'a, W: OutputWriter> {
     workers: HashMap<String, mpsc::UnboundedSender<Input>>,
     tracker: Tracker,
     summary: Summary,
-    sink: &'a mut JsonlSink<W>,
+    sink: &'a mut S,
     progress: &'a dyn Progress,
     checkpointing: Option<&'a Checkpointing>,
     next_checkpoint: CheckpointId,
@@ -162,7 +185,7 @@ struct Run<'a, W: OutputWriter> {
     since_checkpoint: (u64, Instant),
 }
 
-impl<W: OutputWriter> Run<'_, W> {
+impl<S: OutputSink> Run<'_, S> {
     /// Restores keys, memory and position from `checkpoint` and queues its pending inputs.
     fn restore(&mut self, checkpoint: &Checkpoint) {
         self.tracker.position = checkpoint.input_position;
@@ -240,20 +263,6 @@ impl<W: OutputWriter> Run<'_, W> {
         }
     }
 
-    fn drain_ready(&mut self) -> std::io::Result<()> {
-        while let Ok((input, report)) = self.done_rx.try_recv() {
-            self.record(&input, report)?;
-        }
-        Ok(())
-    }
-
-    async fn wait_for_one(&mut self) -> std::io::Result<()> {
-        if let Some((input, report)) = self.done_rx.recv().await {
-            self.record(&input, report)?;
-        }
-        Ok(())
-    }
-
     /// Waits for every accepted input, checkpointing on time meanwhile, then takes the
     /// final checkpoint.
     async fn finish(&mut self) -> std::io::Result<()> {
@@ -275,13 +284,19 @@ impl<W: OutputWriter> Run<'_, W> {
                 None => self.done_rx.recv().await,
             };
             let Some((input, report)) = next else { break };
-            self.record(&input, report)?;
+            self.record(&input, report).await?;
         }
-        self.sink.flush()?;
+        self.sink.sync().await?;
         if self.checkpointing.is_some() {
             self.checkpoint().await;
         }
         Ok(())
+    }
+
+    /// When a checkpoint is due by time, if checkpoints are taken on time.
+    fn checkpoint_time(&self) -> Option<Instant> {
+        let every = self.checkpointing?.every?;
+        Some(self.since_checkpoint.1 + every)
     }
 
     fn checkpoint_due(&self) -> bool {
@@ -326,13 +341,20 @@ impl<W: OutputWriter> Run<'_, W> {
         let pending: Vec<PendingInput> = self.tracker.pending.values().cloned().collect();
         let id = self.next_checkpoint;
         // The checkpoint counts inputs as complete: their outputs must be durable first.
-        if let Err(e) = self.sink.sync() {
-            tracing::error!(
-                checkpoint = id,
-                "checkpoint skipped: the outputs are not durable: {e}"
-            );
-            return;
-        }
+        let output_position = match self.sink.sync().await {
+            Ok(()) => self.sink.position().await,
+            Err(e) => Err(e),
+        };
+        let output_position = match output_position {
+            Ok(position) => position,
+            Err(e) => {
+                tracing::error!(
+                    checkpoint = id,
+                    "checkpoint skipped: the outputs are not durable: {e}"
+                );
+                return;
+            }
+        };
         let result = async {
             let marker = self
                 .agent
@@ -346,6 +368,7 @@ impl<W: OutputWriter> Run<'_, W> {
                 keys,
                 pending,
                 marker,
+                output_position,
             };
             checkpointing
                 .store
@@ -441,11 +464,11 @@ async fn key_worker(
     }
 }
 
-impl<W: OutputWriter> Run<'_, W> {
-    fn record(&mut self, input: &Input, report: InputReport) -> std::io::Result<()> {
+impl<S: OutputSink> Run<'_, S> {
+    async fn record(&mut self, input: &Input, report: InputReport) -> std::io::Result<()> {
         let summary = &mut self.summary;
         for output in &report.outputs {
-            if self.sink.write(output)? {
+            if self.sink.write(output).await? {
                 summary.outputs += 1;
             } else {
                 summary.duplicates += 1;

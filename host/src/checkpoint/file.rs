@@ -134,45 +134,15 @@ impl CheckpointStore for FileCheckpoints {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::checkpoint::{KeyProgress, PendingInput};
-    use crate::store::Marker;
+    use crate::checkpoint::conformance::{Fresh, checkpoint};
 
-    fn checkpoint(id: CheckpointId) -> Checkpoint {
-        Checkpoint {
-            id,
-            input_position: id * 10,
-            keys: [(
-                "ana".to_owned(),
-                KeyProgress {
-                    next_sequence: 4,
-                    last_completed: 2,
-                    memory: [("seen".to_owned(), "true".to_owned())].into(),
-                },
-            )]
-            .into(),
-            pending: vec![PendingInput {
-                key: "ana".to_owned(),
-                sequence: 3,
-                payload: "{}".to_owned(),
-            }],
-            marker: Marker {
-                offsets: vec![id, 0],
-            },
-        }
-    }
-
-    #[tokio::test]
-    async fn the_newest_checkpoint_is_read_back_and_only_the_newest_k_are_kept() {
+    crate::checkpoint_conformance_tests!(|| {
         let dir = tempfile::tempdir().expect("tempdir");
-        let store = FileCheckpoints::new(dir.path().join("checkpoints"));
-        assert_eq!(store.latest().await.expect("latest"), None);
-        for id in 1..=5 {
-            store.save(&checkpoint(id), 3).await.expect("save");
+        Fresh {
+            store: std::sync::Arc::new(FileCheckpoints::new(dir.path().join("checkpoints"))),
+            guard: Box::new(dir),
         }
-        assert_eq!(store.latest().await.expect("latest"), Some(checkpoint(5)));
-        assert_eq!(store.list().await.expect("list"), [3, 4, 5]);
-        assert_eq!(store.oldest().await.expect("oldest"), Some(checkpoint(3)));
-    }
+    });
 
     #[tokio::test]
     async fn a_temporary_file_left_by_a_crash_is_not_a_checkpoint() {

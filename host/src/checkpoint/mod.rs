@@ -4,7 +4,9 @@
 //! the inputs accepted but not complete, each key's short-term memory, and the store's
 //! marker (DESIGN.md, "Checkpoints and recovery"). Recovery starts from the newest one.
 
+pub mod conformance;
 mod file;
+mod log;
 
 use std::collections::BTreeMap;
 
@@ -12,8 +14,10 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
 pub use file::FileCheckpoints;
+pub use log::LogCheckpoints;
 
-use crate::store::Marker;
+use crate::log::Log;
+use crate::store::{ActionStateStore, KeyScope, Marker, StoreError};
 
 /// Numbers checkpoints; a later checkpoint has a higher id.
 pub type CheckpointId = u64;
@@ -51,6 +55,11 @@ pub struct Checkpoint {
     pub pending: Vec<PendingInput>,
     /// Where recovery starts reading the store's log.
     pub marker: Marker,
+    /// For a sink with positions (a stream): where the outputs stood at the cut. Every
+    /// output of an input the checkpoint counts complete is before it; outputs after it may
+    /// have been written already for the pending inputs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_position: Option<u64>,
 }
 
 /// Why a checkpoint could not be written or read.
@@ -82,4 +91,42 @@ pub trait CheckpointStore: Send + Sync + std::fmt::Debug {
 
     /// The oldest kept checkpoint: retention may delete log data only below its marker.
     async fn oldest(&self) -> Result<Option<Checkpoint>, CheckpointError>;
+}
+
+/// Loads `store`, whose log is `log`, to resume from `latest` (`None`: there is no
+/// checkpoint yet): rebuilt from the checkpoint's marker (from the log's start without
+/// one), then the states of `tenant`'s `agent`'s inputs the checkpoint counts complete
+/// pruned again, since the marker can reach back past them.
+pub async fn recover_store(
+    store: &dyn ActionStateStore,
+    log: &dyn Log,
+    latest: Option<&Checkpoint>,
+    tenant: &str,
+    agent: &str,
+) -> Result<(), StoreError> {
+    let marker = match latest {
+        Some(checkpoint) => checkpoint.marker.clone(),
+        None => log_start(log).await?,
+    };
+    store.rebuild(&marker).await?;
+    if let Some(checkpoint) = latest {
+        for (key, progress) in &checkpoint.keys {
+            let scope = KeyScope::new(tenant, agent, key);
+            store.prune(&scope, progress.last_completed).await?;
+        }
+    }
+    Ok(())
+}
+
+/// A marker at the first offset each partition of `log` still holds.
+pub async fn log_start(log: &dyn Log) -> Result<Marker, StoreError> {
+    let mut offsets = Vec::with_capacity(log.partitions() as usize);
+    for partition in 0..log.partitions() {
+        let (start, _) = log
+            .bounds(partition)
+            .await
+            .map_err(|e| StoreError::Unavailable(format!("reading the log's bounds: {e}")))?;
+        offsets.push(start);
+    }
+    Ok(Marker { offsets })
 }

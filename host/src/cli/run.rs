@@ -97,7 +97,7 @@ pub async fn run(args: RunArgs, sandbox: Sandbox) -> anyhow::Result<ExitCode> {
         checkpointing: Some(&checkpointing),
         resume: recovered.latest.as_ref(),
     };
-    let lines = input::read_lines(BufReader::new(reader));
+    let lines = futures_util::stream::iter(input::read_lines(BufReader::new(reader)));
     let progress = Bar(bar.clone());
     let summary = match &args.output {
         Some(path) => {
@@ -106,7 +106,7 @@ pub async fn run(args: RunArgs, sandbox: Sandbox) -> anyhow::Result<ExitCode> {
             run_inputs(Arc::clone(&agent), lines, &mut sink, &progress, options).await
         }
         None => {
-            let mut sink = JsonlSink::new(std::io::stdout().lock());
+            let mut sink = JsonlSink::new(std::io::stdout());
             run_inputs(Arc::clone(&agent), lines, &mut sink, &progress, options).await
         }
     };

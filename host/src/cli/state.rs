@@ -6,9 +6,11 @@ use std::sync::Arc;
 use anyhow::Context as _;
 use rewind_host::agent::DEFAULT_TENANT;
 use rewind_host::agent::StateConfig;
-use rewind_host::checkpoint::{Checkpoint, CheckpointStore, FileCheckpoints};
+use rewind_host::checkpoint::{
+    Checkpoint, CheckpointStore, FileCheckpoints, log_start, recover_store,
+};
 use rewind_host::log::{FileLog, FileLogOptions, Log, Recovery};
-use rewind_host::store::{ActionStateStore, KeyScope, LogStore, Marker};
+use rewind_host::store::{ActionStateStore, LogStore};
 
 /// What recovery found in a state directory.
 pub struct Recovered {
@@ -75,30 +77,22 @@ pub async fn recover(
     let log: Arc<dyn Log> = Arc::new(log);
     let checkpoints = Arc::new(FileCheckpoints::new(checkpoints_dir(state)));
     let latest = checkpoints.latest().await?;
-    let marker = match (&latest, load) {
-        (Some(checkpoint), Load::Recovery { .. }) => checkpoint.marker.clone(),
-        _ => {
-            let mut offsets = Vec::new();
-            for partition in 0..log.partitions() {
-                offsets.push(log.bounds(partition).await?.0);
-            }
-            Marker { offsets }
-        }
-    };
     let store = Arc::new(
         LogStore::new(Arc::clone(&log), strategy).with_refresh_batch(config.refresh_batch),
     );
-    store
-        .rebuild(&marker)
-        .await
-        .with_context(|| match &latest {
-            Some(c) => format!("recovering from checkpoint {} in {}", c.id, state.display()),
-            None => format!("recovering {}", state.display()),
-        })?;
-    if let (Some(checkpoint), Load::Recovery { agent }) = (&latest, load) {
-        for (key, progress) in &checkpoint.keys {
-            let scope = KeyScope::new(DEFAULT_TENANT, agent, key);
-            store.prune(&scope, progress.last_completed).await?;
+    let context = || match &latest {
+        Some(c) => format!("recovering from checkpoint {} in {}", c.id, state.display()),
+        None => format!("recovering {}", state.display()),
+    };
+    match load {
+        Load::Recovery { agent } => {
+            recover_store(&*store, &*log, latest.as_ref(), DEFAULT_TENANT, agent)
+                .await
+                .with_context(context)?;
+        }
+        Load::WholeLog => {
+            let marker = log_start(&*log).await?;
+            store.rebuild(&marker).await.with_context(context)?;
         }
     }
     Ok(Recovered {

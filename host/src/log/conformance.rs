@@ -141,6 +141,17 @@ pub async fn delete_below_keeps_every_record_at_or_above_the_offset(factory: &dy
     for i in 0..100u32 {
         append(&*log, 0, &i.to_le_bytes()).await;
     }
+    for below_every_record in [0, 1] {
+        log.delete_below(0, below_every_record)
+            .await
+            .expect("delete");
+        let kept = log.read(0, 1, 1000).await.expect("read");
+        assert_eq!(
+            kept.len(),
+            99,
+            "deleting below {below_every_record} keeps 1..100"
+        );
+    }
     log.delete_below(0, 60).await.expect("delete");
     let (start, end) = log.bounds(0).await.expect("bounds");
     assert!(

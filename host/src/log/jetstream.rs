@@ -520,6 +520,11 @@ impl Log for JetStreamLog {
 
     async fn delete_below(&self, partition: u32, offset: Offset) -> Result<(), LogError> {
         let spec = &self.partition(partition)?.spec;
+        // Nothing below the start: and a purge up to the first sequence would purge all
+        // (nats-server 2.9 does).
+        if offset <= self.bounds(partition).await?.0 {
+            return Ok(());
+        }
         retrying(&format!("{}: purging", spec.name), || async {
             let stream = self.context.get_stream_no_info(&spec.name).await?;
             stream

@@ -35,7 +35,7 @@ async fn a_thousand_inputs_over_fifty_keys_keep_per_key_order_and_each_output_ap
     let mut sink = JsonlSink::new(Vec::new());
     let summary = run_inputs(
         agent,
-        lines.into_iter(),
+        futures_util::stream::iter(lines),
         &mut sink,
         &(),
         RunOptions::default(),
@@ -95,7 +95,7 @@ async fn a_failed_input_blocks_the_later_inputs_of_its_key_only() {
     let mut sink = JsonlSink::new(Vec::new());
     let summary = run_inputs(
         agent,
-        lines.into_iter(),
+        futures_util::stream::iter(lines),
         &mut sink,
         &(),
         RunOptions::default(),

@@ -101,7 +101,7 @@ async fn process(
     let mut sink = JsonlSink::new(Vec::new());
     let summary = run_inputs(
         agent,
-        lines.into_iter(),
+        futures_util::stream::iter(lines),
         &mut sink,
         &(),
         RunOptions {

@@ -217,7 +217,7 @@ async fn other_keys_keep_running_while_one_key_spins() {
     let order = Order::default();
     let summary = run_inputs(
         agent,
-        lines.into_iter(),
+        futures_util::stream::iter(lines),
         &mut sink,
         &order,
         RunOptions::default(),

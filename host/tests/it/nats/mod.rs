@@ -46,3 +46,14 @@ mod store {
 }
 
 mod fencing;
+
+/// The checkpoint store's conformance suite over a JetStream stream.
+mod checkpoints {
+    use rewind_host::checkpoint::LogCheckpoints;
+    use rewind_host::checkpoint::conformance::Fresh;
+
+    rewind_host::checkpoint_conformance_tests!(|| Fresh {
+        store: std::sync::Arc::new(LogCheckpoints::new(super::jetstream_log(1), 0)),
+        guard: Box::new(()),
+    });
+}

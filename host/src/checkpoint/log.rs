@@ -1,0 +1,140 @@
+//! `LogCheckpoints`: checkpoints as records of one partition of a [`Log`].
+//!
+//! Each save appends the checkpoint as one record (JSON), so a save is atomic exactly as an
+//! append is; then retention deletes the records before the newest `keep`. On JetStream this
+//! is how checkpoints live in the cluster instead of on a host's disk, and a fenced log
+//! makes a save by a host that lost its partition fail.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+
+use super::{Checkpoint, CheckpointError, CheckpointId, CheckpointStore};
+use crate::log::{Log, Record};
+
+/// Checkpoints in partition `partition` of `log`, which holds nothing else.
+#[derive(Clone, Debug)]
+pub struct LogCheckpoints {
+    log: Arc<dyn Log>,
+    partition: u32,
+}
+
+fn io(context: &str, error: impl std::fmt::Display) -> CheckpointError {
+    CheckpointError::Io {
+        context: context.to_owned(),
+        source: std::io::Error::other(error.to_string()),
+    }
+}
+
+impl LogCheckpoints {
+    pub fn new(log: Arc<dyn Log>, partition: u32) -> Self {
+        Self { log, partition }
+    }
+
+    /// Every record the partition holds, oldest first: the kept checkpoints (and, after a
+    /// crash between an append and its retention, a few more).
+    async fn records(&self) -> Result<Vec<Record>, CheckpointError> {
+        let (start, end) = self
+            .log
+            .bounds(self.partition)
+            .await
+            .map_err(|e| io("reading the checkpoints' bounds", e))?;
+        let mut records = Vec::new();
+        let mut next = start;
+        while next < end {
+            let batch = self
+                .log
+                .read(self.partition, next, 16)
+                .await
+                .map_err(|e| io("reading the checkpoints", e))?;
+            let Some(last) = batch.last() else { break };
+            next = last.offset + 1;
+            records.extend(batch);
+        }
+        Ok(records)
+    }
+
+    fn decode(&self, record: &Record) -> Result<Checkpoint, CheckpointError> {
+        serde_json::from_slice(&record.payload).map_err(|e| CheckpointError::Unreadable {
+            path: format!(
+                "checkpoint log partition {} offset {}",
+                self.partition, record.offset
+            ),
+            message: e.to_string(),
+        })
+    }
+}
+
+#[async_trait]
+impl CheckpointStore for LogCheckpoints {
+    async fn save(&self, checkpoint: &Checkpoint, keep: usize) -> Result<(), CheckpointError> {
+        let payload = serde_json::to_vec(checkpoint).map_err(|e| io("encoding a checkpoint", e))?;
+        let offset = self
+            .log
+            .append(self.partition, payload)
+            .await
+            .map_err(|e| io(&format!("saving checkpoint {}", checkpoint.id), e))?;
+        // Retention: the newest `keep` (this one included) stay. A failure here leaves more
+        // than `keep`, which the next save deletes.
+        let records = self.records().await?;
+        let kept_from = records
+            .iter()
+            .filter(|r| r.offset <= offset)
+            .rev()
+            .nth(keep.max(1) - 1)
+            .map(|r| r.offset);
+        if let Some(from) = kept_from
+            && let Err(e) = self.log.delete_below(self.partition, from).await
+        {
+            tracing::warn!("deleting old checkpoints: {e}");
+        }
+        Ok(())
+    }
+
+    async fn latest(&self) -> Result<Option<Checkpoint>, CheckpointError> {
+        match self.records().await?.last() {
+            Some(record) => self.decode(record).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    async fn list(&self) -> Result<Vec<CheckpointId>, CheckpointError> {
+        self.records()
+            .await?
+            .iter()
+            .map(|record| self.decode(record).map(|c| c.id))
+            .collect()
+    }
+
+    async fn oldest(&self) -> Result<Option<Checkpoint>, CheckpointError> {
+        match self.records().await?.first() {
+            Some(record) => self.decode(record).map(Some),
+            None => Ok(None),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::checkpoint::conformance::{Fresh, checkpoint};
+    use crate::log::MemoryLog;
+
+    crate::checkpoint_conformance_tests!(|| Fresh {
+        store: Arc::new(LogCheckpoints::new(Arc::new(MemoryLog::new(2)), 1)),
+        guard: Box::new(()),
+    });
+
+    #[tokio::test]
+    async fn a_damaged_checkpoint_is_named() {
+        let log: Arc<dyn Log> = Arc::new(MemoryLog::new(1));
+        let store = LogCheckpoints::new(Arc::clone(&log), 0);
+        store.save(&checkpoint(1), 3).await.expect("save");
+        log.append(0, b"not json".to_vec()).await.expect("append");
+        let error = store.latest().await.expect_err("unreadable");
+        assert!(
+            error.to_string().contains("partition 0 offset 1"),
+            "{error}"
+        );
+    }
+}
