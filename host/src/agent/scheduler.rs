@@ -122,6 +122,7 @@ pub async fn run_inputs<S: OutputSink>(
         checkpointing: options.checkpointing,
         next_checkpoint: options.resume.map_or(1, |c| c.id + 1),
         since_checkpoint: (0, Instant::now()),
+        changed: false,
     };
     if let Some(checkpoint) = options.resume {
         run.restore(checkpoint);
@@ -183,6 +184,9 @@ struct Run<'a, S: OutputSink> {
     next_checkpoint: CheckpointId,
     /// Inputs accepted and when, since the last checkpoint.
     since_checkpoint: (u64, Instant),
+    /// Whether an input was accepted or finished since the last checkpoint: an idle run
+    /// takes no checkpoints on time.
+    changed: bool,
 }
 
 impl<S: OutputSink> Run<'_, S> {
@@ -214,6 +218,7 @@ impl<S: OutputSink> Run<'_, S> {
         self.summary.inputs += 1;
         self.progress.accepted();
         self.tracker.position = line.line as u64;
+        self.changed = true;
         let (next, _) = self.tracker.keys.entry(line.key.clone()).or_insert((1, 0));
         let sequence = *next;
         *next += 1;
@@ -268,20 +273,14 @@ impl<S: OutputSink> Run<'_, S> {
     async fn finish(&mut self) -> std::io::Result<()> {
         self.workers.clear();
         self.done_tx = None;
-        let every = self.checkpointing.and_then(|c| c.every);
         loop {
-            let next = match every {
-                Some(every) => {
-                    let due = self.since_checkpoint.1 + every;
-                    tokio::select! {
-                        next = self.done_rx.recv() => next,
-                        () = tokio::time::sleep_until(due.into()) => {
-                            self.checkpoint().await;
-                            continue;
-                        }
-                    }
+            let due = self.checkpoint_time();
+            let next = tokio::select! {
+                next = self.done_rx.recv() => next,
+                () = tokio::time::sleep_until(due.unwrap_or_else(far_future).into()), if due.is_some() => {
+                    self.checkpoint().await;
+                    continue;
                 }
-                None => self.done_rx.recv().await,
             };
             let Some((input, report)) = next else { break };
             self.record(&input, report).await?;
@@ -293,8 +292,12 @@ impl<S: OutputSink> Run<'_, S> {
         Ok(())
     }
 
-    /// When a checkpoint is due by time, if checkpoints are taken on time.
+    /// When a checkpoint is due by time, if checkpoints are taken on time and there is
+    /// something new to record.
     fn checkpoint_time(&self) -> Option<Instant> {
+        if !self.changed {
+            return None;
+        }
         let every = self.checkpointing?.every?;
         Some(self.since_checkpoint.1 + every)
     }
@@ -317,6 +320,7 @@ impl<S: OutputSink> Run<'_, S> {
             return;
         };
         self.since_checkpoint = (0, Instant::now());
+        self.changed = false;
         // The cut: taken while intake waits (this task is the intake). In-flight inputs go
         // on meanwhile, so a key's memory may already hold the writes of actions of its
         // pending input that completed. That is consistent: on recovery that input runs
@@ -466,6 +470,7 @@ async fn key_worker(
 
 impl<S: OutputSink> Run<'_, S> {
     async fn record(&mut self, input: &Input, report: InputReport) -> std::io::Result<()> {
+        self.changed = true;
         let summary = &mut self.summary;
         for output in &report.outputs {
             if self.sink.write(output).await? {

@@ -45,6 +45,11 @@ pub const RETRY_FOR: Duration = Duration::from_secs(30);
 /// Appends published together before their acknowledgements are awaited.
 const MAX_BATCH: usize = 512;
 
+/// How long creating a replay consumer may take before a read gets its records one by one
+/// instead: a cluster that has lost a node and not noticed yet (nats-server 2.9) may place
+/// the consumer on the dead node, and then the creation never answers.
+pub const CONSUMER_WITHIN: Duration = Duration::from_secs(2);
+
 /// Decides whether this host may still write to a fenced partition.
 #[async_trait]
 pub trait Authority: Send + Sync + fmt::Debug {
@@ -74,13 +79,18 @@ impl StreamSpec {
 /// A log over JetStream streams.
 #[derive(Debug)]
 pub struct JetStreamLog {
-    context: jetstream::Context,
+    /// The connection's context with a timeout of [`CONSUMER_WITHIN`], for requests that are retried or
+    /// have a way around: replay consumers, stream info, purges. (The default, 10 s, is
+    /// what a request to a stream whose leader just died waits for nothing.)
+    quick: jetstream::Context,
     partitions: Vec<Partition>,
 }
 
 #[derive(Debug)]
 struct Partition {
     spec: StreamSpec,
+    /// After a replay consumer could not be created: reads go record by record until then.
+    one_by_one_until: std::sync::Mutex<Option<Instant>>,
     appends: mpsc::UnboundedSender<Append>,
     fenced: Arc<AtomicBool>,
 }
@@ -105,7 +115,7 @@ fn backoff(attempt: u32) -> Duration {
 
 /// Runs `operation` until it succeeds or [`RETRY_FOR`] has passed, backing off between
 /// attempts.
-async fn retrying<T, E: fmt::Display, F: Future<Output = Result<T, E>>>(
+pub(crate) async fn retrying<T, E: fmt::Display, F: Future<Output = Result<T, E>>>(
     what: &str,
     mut operation: impl FnMut() -> F,
 ) -> Result<T, LogError> {
@@ -128,8 +138,10 @@ async fn retrying<T, E: fmt::Display, F: Future<Output = Result<T, E>>>(
 
 /// The sequence of the last message `stream` holds (0: none ever).
 async fn last_sequence(context: &jetstream::Context, name: &str) -> Result<u64, LogError> {
+    let mut quick = context.clone();
+    quick.set_timeout(CONSUMER_WITHIN);
     let info = retrying(&format!("{name}: reading its last sequence"), || async {
-        let stream = context.get_stream_no_info(name).await?;
+        let stream = quick.get_stream_no_info(name).await?;
         stream.get_info().await.map_err(async_nats::Error::from)
     })
     .await?;
@@ -207,14 +219,107 @@ impl JetStreamLog {
             );
             partitions.push(Partition {
                 spec,
+                one_by_one_until: std::sync::Mutex::new(None),
                 appends,
                 fenced,
             });
         }
-        Ok(Self {
-            context,
-            partitions,
-        })
+        let mut quick = context.clone();
+        quick.set_timeout(CONSUMER_WITHIN);
+        Ok(Self { quick, partitions })
+    }
+
+    /// Up to `max` records of `spec`'s stream from offset `from`, through an ordered
+    /// consumer. Fails when the consumer cannot be created within [`CONSUMER_WITHIN`].
+    async fn replay(
+        &self,
+        spec: &StreamSpec,
+        from: Offset,
+        max: usize,
+    ) -> Result<Vec<Record>, async_nats::Error> {
+        let config = pull::OrderedConfig {
+            filter_subject: spec.subject.clone(),
+            deliver_policy: DeliverPolicy::ByStartSequence {
+                start_sequence: from + 1,
+            },
+            max_batch: i64::try_from(max.min(1_000)).unwrap_or(1_000),
+            ..pull::OrderedConfig::default()
+        };
+        let stream = self.quick.get_stream_no_info(&spec.name).await?;
+        let consumer = stream.create_consumer(config).await?;
+        if consumer.cached_info().num_pending == 0 {
+            // Only fences from `from` on.
+            return Ok(Vec::new());
+        }
+        let mut messages = consumer.messages().await?;
+        let mut records = Vec::new();
+        loop {
+            // The consumer's server may die under it, and its replacement be placed where
+            // nothing answers: a read waits for each message only so long.
+            let message = match tokio::time::timeout(CONSUMER_WITHIN, messages.next()).await {
+                Ok(Some(Ok(message))) => message,
+                Ok(None) => break,
+                // What was read stays good; the caller reads on after it.
+                Ok(Some(Err(_))) | Err(_) if !records.is_empty() => break,
+                Ok(Some(Err(error))) => return Err(error.into()),
+                Err(elapsed) => return Err(elapsed.into()),
+            };
+            let info = message.info()?;
+            records.push(Record {
+                offset: info.stream_sequence - 1,
+                payload: message.payload.to_vec(),
+            });
+            if records.len() >= max || info.pending == 0 {
+                break;
+            }
+        }
+        Ok(records)
+    }
+
+    /// Up to `max` records of `spec`'s stream from offset `from` to `end`, one request
+    /// each: slower than a consumer, but answered by whichever server leads the stream.
+    async fn read_one_by_one(
+        &self,
+        spec: &StreamSpec,
+        from: Offset,
+        end: Offset,
+        max: usize,
+    ) -> Result<Vec<Record>, LogError> {
+        let mut records = Vec::new();
+        let started = Instant::now();
+        let mut attempt = 0;
+        let mut offset = from;
+        while offset < end && records.len() < max {
+            let got = match self.quick.get_stream_no_info(&spec.name).await {
+                Ok(stream) => stream.get_raw_message(offset + 1).await.map_err(|e| {
+                    let gap = e.kind() == stream::RawMessageErrorKind::NoMessageFound;
+                    (gap, e.to_string())
+                }),
+                Err(e) => Err((false, e.to_string())),
+            };
+            match got {
+                Ok(message) => {
+                    if message.subject.as_str() == spec.subject {
+                        records.push(Record {
+                            offset,
+                            payload: message.payload.to_vec(),
+                        });
+                    }
+                    offset += 1;
+                }
+                // A fence purged with the records below it, or never there.
+                Err((true, _)) => offset += 1,
+                Err((false, error)) if started.elapsed() >= RETRY_FOR => {
+                    return Err(io(format!("{}: reading offset {offset}", spec.name), error));
+                }
+                Err((false, error)) => {
+                    attempt += 1;
+                    tracing::debug!(stream = %spec.name, attempt, "reading: {error}; retrying");
+                    tokio::time::sleep(backoff(attempt)).await;
+                }
+            }
+        }
+        Ok(records)
     }
 
     fn partition(&self, partition: u32) -> Result<&Partition, LogError> {
@@ -460,52 +565,36 @@ impl Log for JetStreamLog {
         if from == end || max == 0 {
             return Ok(Vec::new());
         }
-        let spec = &self.partition(partition)?.spec;
-        let config = pull::OrderedConfig {
-            filter_subject: spec.subject.clone(),
-            deliver_policy: DeliverPolicy::ByStartSequence {
-                start_sequence: from + 1,
-            },
-            max_batch: i64::try_from(max.min(1_000)).unwrap_or(1_000),
-            ..pull::OrderedConfig::default()
+        let state = self.partition(partition)?;
+        let spec = &state.spec;
+        let one_by_one = |until: Option<Instant>| {
+            let mut guard = state
+                .one_by_one_until
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            match until {
+                Some(until) => {
+                    *guard = Some(until);
+                    true
+                }
+                None => guard.is_some_and(|until| Instant::now() < until),
+            }
         };
-        let consumer = retrying(&format!("{}: replaying", spec.name), || async {
-            let stream = self.context.get_stream_no_info(&spec.name).await?;
-            stream
-                .create_consumer(config.clone())
-                .await
-                .map_err(async_nats::Error::from)
-        })
-        .await?;
-        if consumer.cached_info().num_pending == 0 {
-            // Only fences from `from` on.
-            return Ok(Vec::new());
-        }
-        let mut messages = consumer
-            .messages()
-            .await
-            .map_err(|e| io(format!("{}: replaying", spec.name), e))?;
-        let mut records = Vec::new();
-        while let Some(message) = messages.next().await {
-            let message = message.map_err(|e| io(format!("{}: replaying", spec.name), e))?;
-            let info = message
-                .info()
-                .map_err(|e| io(format!("{}: replaying", spec.name), e))?;
-            records.push(Record {
-                offset: info.stream_sequence - 1,
-                payload: message.payload.to_vec(),
-            });
-            if records.len() >= max || info.pending == 0 {
-                break;
+        if !one_by_one(None) {
+            match self.replay(spec, from, max).await {
+                Ok(records) => return Ok(records),
+                Err(error) => {
+                    tracing::debug!(stream = %spec.name, "replay: {error}; reading record by record for a while");
+                    one_by_one(Some(Instant::now() + RETRY_FOR));
+                }
             }
         }
-        Ok(records)
+        self.read_one_by_one(spec, from, end, max).await
     }
-
     async fn bounds(&self, partition: u32) -> Result<(Offset, Offset), LogError> {
         let spec = &self.partition(partition)?.spec;
         let info = retrying(&format!("{}: reading its bounds", spec.name), || async {
-            let stream = self.context.get_stream_no_info(&spec.name).await?;
+            let stream = self.quick.get_stream_no_info(&spec.name).await?;
             stream.get_info().await.map_err(async_nats::Error::from)
         })
         .await?;
@@ -526,7 +615,7 @@ impl Log for JetStreamLog {
             return Ok(());
         }
         retrying(&format!("{}: purging", spec.name), || async {
-            let stream = self.context.get_stream_no_info(&spec.name).await?;
+            let stream = self.quick.get_stream_no_info(&spec.name).await?;
             stream
                 .purge()
                 .sequence(offset + 1)

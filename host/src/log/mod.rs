@@ -6,13 +6,15 @@
 
 pub mod conformance;
 mod file;
-mod jetstream;
+pub(crate) mod jetstream;
 mod memory;
 
 use async_trait::async_trait;
 
 pub use file::{FileLog, FileLogOptions, OpenReport, Recovery, Truncation};
-pub use jetstream::{Authority, JetStreamLog, StreamSpec, connect as connect_nats};
+pub use jetstream::{
+    Authority, CONSUMER_WITHIN, JetStreamLog, RETRY_FOR, StreamSpec, connect as connect_nats,
+};
 pub use memory::MemoryLog;
 
 /// A record's position in its partition: 0 for the first record ever appended, and higher
