@@ -3,6 +3,8 @@
 //! record when the action runs again.
 //!
 //! The modules, from the outside in (each uses only those below it):
+//! - [`server`] and [`cluster`]: the other ways in beside `rewind run`: many tenants over
+//!   HTTP on one machine, and one agent's partitions shared by hosts over NATS JetStream;
 //! - [`agent`]: an agent's actions and functions, the path of an input through them, and
 //!   the scheduler that takes checkpoints;
 //! - [`checkpoint`]: checkpoints (the cut and its marker) and where they are kept;
@@ -10,12 +12,13 @@
 //! - [`durable`]: the durable call (hit, miss, divergence), over a store and functions;
 //! - [`functions`]: what a durable call reaches (HTTP, chat, time, random, custom);
 //! - [`store`]: action states, the store trait, the in-memory and log-backed stores;
-//! - [`log`]: the partitioned durable log (in memory, and the embedded file log);
+//! - [`log`]: the partitioned durable log (in memory, the embedded file log, JetStream);
 //! - [`event`]: events, inputs and outputs;
 //! - [`crash`]: crash points at the durable boundaries, for tests that kill the process.
 
 pub mod agent;
 pub mod checkpoint;
+pub mod cluster;
 pub mod crash;
 pub mod durable;
 pub mod event;

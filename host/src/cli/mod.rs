@@ -1,6 +1,7 @@
 //! The command line.
 
 mod check;
+mod cluster;
 mod inspect;
 mod run;
 mod serve;
@@ -43,6 +44,9 @@ enum Command {
     Test(test::TestArgs),
     /// Serve the multi-tenant HTTP API.
     Serve(serve::ServeArgs),
+    /// Share an agent's partitions among hosts over NATS JetStream; publish inputs to them
+    /// and read their outputs.
+    Cluster(cluster::ClusterArgs),
 }
 
 pub fn init_tracing(verbose: u8) {
@@ -74,5 +78,25 @@ pub async fn main(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Inspect(args) => inspect::inspect(args).await,
         Command::Test(args) => test::test(args, cli.cache_dir.clone()).await,
         Command::Serve(args) => serve::serve(args, sandbox()?).await,
+        Command::Cluster(args) => cluster::cluster(args, || Ok(sandbox()?)).await,
+    }
+}
+
+/// SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(e) => {
+                tracing::warn!("cannot listen for SIGTERM: {e}");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        () = terminate => {}
     }
 }

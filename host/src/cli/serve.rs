@@ -26,28 +26,9 @@ pub async fn serve(args: ServeArgs, sandbox: Sandbox) -> anyhow::Result<ExitCode
         .with_context(|| format!("listening on {listen}"))?;
     let address = listener.local_addr()?;
     eprintln!("rewind serve: listening on http://{address}");
-    rewind_host::server::serve(listener, state, shutdown())
+    rewind_host::server::serve(listener, state, super::shutdown_signal())
         .await
         .context("serving")?;
     eprintln!("rewind serve: stopped");
     Ok(ExitCode::SUCCESS)
-}
-
-/// SIGINT or SIGTERM.
-async fn shutdown() {
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
-                signal.recv().await;
-            }
-            Err(e) => {
-                tracing::warn!("cannot listen for SIGTERM: {e}");
-                std::future::pending::<()>().await;
-            }
-        }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        () = terminate => {}
-    }
 }

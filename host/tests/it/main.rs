@@ -16,6 +16,7 @@ mod model;
 mod nats;
 mod polyglot;
 mod recovery;
+mod remote;
 mod sandbox;
 mod serve;
 mod store;

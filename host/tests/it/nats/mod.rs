@@ -45,6 +45,7 @@ mod store {
     }
 }
 
+mod cluster;
 mod fencing;
 
 /// The checkpoint store's conformance suite over a JetStream stream.

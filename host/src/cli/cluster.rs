@@ -1,0 +1,185 @@
+//! `rewind cluster`: hosts sharing an agent's partitions over NATS JetStream
+//! (`rewind_host::cluster`), and publishing to and reading from them.
+
+use std::io::{BufRead as _, BufReader, Write as _};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::{Args, Subcommand};
+use rewind_host::agent::AgentFile;
+use rewind_host::agent::input::parse_line;
+use rewind_host::cluster::{self, HostOptions, Layout};
+use rewind_host::log::{JetStreamLog, connect_nats};
+use rewind_host::sandbox::Sandbox;
+
+#[derive(Debug, Args)]
+pub struct ClusterArgs {
+    #[command(subcommand)]
+    command: ClusterCommand,
+}
+
+/// Where the cluster is.
+#[derive(Debug, Args)]
+struct Where {
+    /// NATS URLs, comma-separated.
+    #[arg(long, default_value = "nats://127.0.0.1:4222")]
+    nats: String,
+    /// The first token of the cluster's streams, subjects and buckets.
+    #[arg(long, default_value = "rewind")]
+    prefix: String,
+    /// The tenant the agent runs for.
+    #[arg(long, default_value = rewind_host::agent::DEFAULT_TENANT)]
+    tenant: String,
+}
+
+#[derive(Debug, Subcommand)]
+enum ClusterCommand {
+    /// Run this host's share of an agent's partitions until SIGINT or SIGTERM.
+    Run {
+        /// The agent's agent.toml.
+        agent: PathBuf,
+        #[command(flatten)]
+        at: Where,
+        /// Partitions of the agent's keys (the first host records it; the others must agree).
+        #[arg(long, default_value_t = 8)]
+        partitions: u32,
+        /// Replicas of every stream: 3 in production (JetStream 2.9 acknowledges before
+        /// fsync; durability comes from replication).
+        #[arg(long, default_value_t = 1)]
+        replicas: usize,
+        /// This host's name, unique among the hosts (default: one made from the pid).
+        #[arg(long)]
+        host: Option<String>,
+        /// A host that has not renewed its lease for this long loses its partitions.
+        #[arg(long, default_value_t = 5_000)]
+        lease_ttl_ms: u64,
+    },
+    /// Publish a JSONL file of inputs ({"key": ..., "payload": ...}) to an agent.
+    Publish {
+        /// The agent's name.
+        agent: String,
+        #[command(flatten)]
+        at: Where,
+        #[arg(long)]
+        input: PathBuf,
+    },
+    /// Print every output of the cluster's partitions as JSON Lines.
+    Outputs {
+        #[command(flatten)]
+        at: Where,
+    },
+}
+
+pub async fn cluster(
+    args: ClusterArgs,
+    sandbox: impl FnOnce() -> anyhow::Result<Sandbox>,
+) -> anyhow::Result<ExitCode> {
+    match args.command {
+        ClusterCommand::Run {
+            agent,
+            at,
+            partitions,
+            replicas,
+            host,
+            lease_ttl_ms,
+        } => {
+            let file = AgentFile::load(&agent)?;
+            let options = HostOptions {
+                nats: at.nats,
+                layout: Layout {
+                    prefix: at.prefix,
+                    partitions,
+                    replicas,
+                },
+                host: host.unwrap_or_else(|| {
+                    format!("pid{}-{:04x}", std::process::id(), rand::random::<u16>())
+                }),
+                tenant: at.tenant,
+                lease_ttl: Duration::from_millis(lease_ttl_ms),
+            };
+            eprintln!(
+                "rewind cluster: host {} joining {}",
+                options.host, options.nats
+            );
+            cluster::run_host(
+                options,
+                file,
+                Arc::new(sandbox()?),
+                super::shutdown_signal(),
+            )
+            .await?;
+            eprintln!("rewind cluster: left");
+            Ok(ExitCode::SUCCESS)
+        }
+        ClusterCommand::Publish { agent, at, input } => publish(&agent, &at, &input).await,
+        ClusterCommand::Outputs { at } => outputs(&at).await,
+    }
+}
+
+async fn publish(agent: &str, at: &Where, input: &PathBuf) -> anyhow::Result<ExitCode> {
+    let context = async_nats::jetstream::new(connect_nats(&at.nats).await?);
+    let layout = Layout::load(&context, &at.prefix).await?;
+    let reader = BufReader::new(
+        std::fs::File::open(input).with_context(|| format!("cannot open {}", input.display()))?,
+    );
+    let (mut published, mut malformed) = (0u64, 0u64);
+    for (index, line) in reader.lines().enumerate() {
+        let number = index + 1;
+        let line = line.with_context(|| format!("{}: line {number}", input.display()))?;
+        match parse_line(number, &line) {
+            Ok(None) => {}
+            Ok(Some(parsed)) => {
+                cluster::inputs::publish(
+                    &context,
+                    &layout,
+                    &at.tenant,
+                    agent,
+                    &parsed.key,
+                    &parsed.payload,
+                    None,
+                )
+                .await?;
+                published += 1;
+            }
+            Err(error) => {
+                eprintln!("skipping {}: {error}", input.display());
+                malformed += 1;
+            }
+        }
+    }
+    eprintln!("published {published} inputs, skipped {malformed} malformed lines");
+    Ok(if malformed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+async fn outputs(at: &Where) -> anyhow::Result<ExitCode> {
+    let context = async_nats::jetstream::new(connect_nats(&at.nats).await?);
+    let layout = Layout::load(&context, &at.prefix).await?;
+    let streams = (0..layout.partitions)
+        .map(|p| layout.output_stream(p))
+        .collect();
+    let log = JetStreamLog::open(context, streams, None).await?;
+    let mut stdout = std::io::stdout().lock();
+    for partition in 0..layout.partitions {
+        let outputs = cluster::outputs::read_outputs(&log, partition, 0).await?;
+        for (_, output) in outputs {
+            let mut line = serde_json::to_vec(&output)?;
+            line.push(b'\n');
+            match stdout.write_all(&line) {
+                Ok(()) => {}
+                // The reader stopped reading (`| head`): nothing more to do.
+                Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {
+                    return Ok(ExitCode::SUCCESS);
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

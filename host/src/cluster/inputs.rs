@@ -1,0 +1,224 @@
+//! The input source: events on JetStream subjects by tenant, agent and partition.
+//!
+//! Partition P's inputs are stream `PREFIX-in-P`, which takes the subjects
+//! `PREFIX.in.TENANT.AGENT.P`. An event goes to its key's partition, the same hash the store
+//! uses for its states (`KeyScope::partition`). Its message is the line `rewind run` reads,
+//! `{"key": ..., "payload": ...}`; its position is its stream sequence, which a checkpoint
+//! records and a host that takes the partition over resumes after.
+
+use std::time::Duration;
+
+use async_nats::jetstream::message::PublishMessage;
+use async_nats::jetstream::stream::RawMessageErrorKind;
+use async_nats::jetstream::{self, stream};
+use bytes::Bytes;
+use futures_util::StreamExt as _;
+use futures_util::stream::BoxStream;
+use serde::Serialize;
+use tokio::sync::mpsc;
+
+use super::Layout;
+use crate::agent::input::{InputLine, LineError, parse_line};
+use crate::log::jetstream::retrying;
+use crate::store::KeyScope;
+
+/// Whether `name` can be a subject token: letters, digits, `-` and `_`.
+pub fn check_token(what: &str, name: &str) -> anyhow::Result<()> {
+    let valid = !name.is_empty()
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+    anyhow::ensure!(
+        valid,
+        "{what} `{name}` cannot name a subject: use letters, digits, `-` and `_`"
+    );
+    Ok(())
+}
+
+impl Layout {
+    pub fn input_stream(&self, partition: u32) -> String {
+        format!("{}-in-{partition}", self.prefix)
+    }
+
+    pub fn input_subject(&self, tenant: &str, agent: &str, partition: u32) -> String {
+        format!("{}.in.{tenant}.{agent}.{partition}", self.prefix)
+    }
+
+    /// Creates the input streams that do not exist.
+    pub async fn create_input_streams(&self, context: &jetstream::Context) -> anyhow::Result<()> {
+        for partition in 0..self.partitions {
+            let config = stream::Config {
+                name: self.input_stream(partition),
+                subjects: vec![format!("{}.in.*.*.{partition}", self.prefix)],
+                num_replicas: self.replicas,
+                ..stream::Config::default()
+            };
+            retrying(
+                &format!("creating {}", self.input_stream(partition)),
+                || context.get_or_create_stream(config.clone()),
+            )
+            .await?;
+        }
+        Ok(())
+    }
+}
+
+#[derive(Serialize)]
+struct Line<'a> {
+    key: &'a str,
+    payload: &'a serde_json::value::RawValue,
+}
+
+/// Publishes one event for `tenant`'s `agent` to its key's partition and returns
+/// `(partition, position)` once JetStream has it. With an `id`, a retry of the same
+/// publish within the stream's duplicate window (two minutes) is dropped by JetStream.
+pub async fn publish(
+    context: &jetstream::Context,
+    layout: &Layout,
+    tenant: &str,
+    agent: &str,
+    key: &str,
+    payload: &str,
+    id: Option<&str>,
+) -> anyhow::Result<(u32, u64)> {
+    check_token("tenant", tenant)?;
+    check_token("agent", agent)?;
+    anyhow::ensure!(!key.is_empty(), "the key is empty");
+    let payload: Box<serde_json::value::RawValue> = serde_json::from_str(payload)
+        .map_err(|e| anyhow::anyhow!("the payload is not JSON: {e}"))?;
+    let partition = KeyScope::new(tenant, agent, key).partition(layout.partitions);
+    let line = serde_json::to_vec(&Line {
+        key,
+        payload: &payload,
+    })?;
+    let mut message = PublishMessage::build().payload(Bytes::from(line));
+    if let Some(id) = id {
+        message = message.message_id(id);
+    }
+    let subject = layout.input_subject(tenant, agent, partition);
+    let ack = context
+        .send_publish(subject.clone(), message)
+        .await
+        .map_err(|e| anyhow::anyhow!("publishing to {subject}: {e}"))?
+        .await
+        .map_err(|e| anyhow::anyhow!("publishing to {subject}: {e}"))?;
+    Ok((partition, ack.sequence))
+}
+
+/// How long an idle reader waits for a wake-up before it looks again anyway.
+const IDLE_LOOK: Duration = Duration::from_secs(1);
+
+/// The inputs of `tenant`'s `agent` in `partition`, from position `after` + 1 on, as they
+/// arrive. A message that is not an input is a [`LineError`] at its position.
+///
+/// Each input is a get of the next message on its subject from the stream's leader (no
+/// consumer: nats-server 2.9 may place a consumer on a server that has died, where it never
+/// answers). A plain subscription to the subject wakes the reader when an input is
+/// published; without one it looks again every [`IDLE_LOOK`].
+pub async fn subscribe(
+    context: &jetstream::Context,
+    layout: &Layout,
+    tenant: &str,
+    agent: &str,
+    partition: u32,
+    after: u64,
+) -> anyhow::Result<BoxStream<'static, Result<InputLine, LineError>>> {
+    let name = layout.input_stream(partition);
+    let subject = layout.input_subject(tenant, agent, partition);
+    let wake = context
+        .client()
+        .subscribe(subject.clone())
+        .await
+        .map_err(|e| anyhow::anyhow!("{name}: subscribing to {subject}: {e}"))?;
+    let (inputs, queue) = mpsc::channel(256);
+    let reader = Reader {
+        context: context.clone(),
+        name,
+        subject,
+        next: after + 1,
+    };
+    tokio::spawn(reader.run(wake, inputs));
+    Ok(Box::pin(futures_util::stream::unfold(
+        queue,
+        |mut queue| async move { queue.recv().await.map(|input| (input, queue)) },
+    )))
+}
+
+struct Reader {
+    context: jetstream::Context,
+    name: String,
+    subject: String,
+    /// The position to look from.
+    next: u64,
+}
+
+impl Reader {
+    /// Reads until the receiver is dropped.
+    async fn run(
+        mut self,
+        mut wake: async_nats::Subscriber,
+        inputs: mpsc::Sender<Result<InputLine, LineError>>,
+    ) {
+        let mut attempt = 0;
+        loop {
+            match self.get_next().await {
+                Ok(Some((position, payload))) => {
+                    attempt = 0;
+                    self.next = position + 1;
+                    if inputs.send(parse(position, &payload)).await.is_err() {
+                        return;
+                    }
+                }
+                Ok(None) => {
+                    attempt = 0;
+                    tokio::select! {
+                        () = inputs.closed() => return,
+                        _ = wake.next() => {}
+                        () = tokio::time::sleep(IDLE_LOOK) => {}
+                    }
+                    // Wake-ups of messages already read are spent here, not one by one.
+                    while let Ok(Some(_)) = tokio::time::timeout(Duration::ZERO, wake.next()).await
+                    {
+                    }
+                }
+                Err(error) => {
+                    attempt += 1;
+                    tracing::debug!(stream = %self.name, attempt, "reading inputs: {error}");
+                    tokio::select! {
+                        () = inputs.closed() => return,
+                        () = tokio::time::sleep(Duration::from_millis((50u64 << attempt.min(5)).min(1_000))) => {}
+                    }
+                }
+            }
+        }
+    }
+
+    /// The first message on the subject at or after `next`: its position and payload.
+    async fn get_next(&self) -> Result<Option<(u64, Bytes)>, async_nats::Error> {
+        let stream = self.context.get_stream_no_info(&self.name).await?;
+        match stream
+            .raw_message_builder()
+            .sequence(self.next)
+            .next_by_subject(self.subject.clone())
+            .send()
+            .await
+        {
+            Ok(message) => Ok(Some((message.sequence, message.payload))),
+            Err(e) if e.kind() == RawMessageErrorKind::NoMessageFound => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+}
+
+/// The input at `position`, or why it is not one.
+fn parse(position: u64, payload: &[u8]) -> Result<InputLine, LineError> {
+    let line = usize::try_from(position).unwrap_or(usize::MAX);
+    let text = std::str::from_utf8(payload).map_err(|_| LineError {
+        line,
+        message: "not UTF-8 text".to_owned(),
+    })?;
+    parse_line(line, text)?.ok_or_else(|| LineError {
+        line,
+        message: "an empty message".to_owned(),
+    })
+}

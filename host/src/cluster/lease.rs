@@ -1,0 +1,301 @@
+//! Leases: which host holds which partition, in a JetStream KV bucket.
+//!
+//! A partition's lease is the key `partition-P`, whose value names its holder and a token
+//! drawn at each acquisition. Every change is a compare-and-set on the key's revision: one
+//! host wins a race to take a lease. The holder renews it (a CAS that only moves the
+//! revision) every third of the TTL. A lease has expired when its revision has not moved for
+//! a whole TTL, as the host looking at it has seen on its own clock: hosts' clocks need not
+//! agree. Another host may then take it over by CAS. NATS 2.9 has no per-key TTL; the bucket
+//! keeps one revision per key.
+//!
+//! A lease is also an [`Authority`] for a fenced log: the host holds the partition while the
+//! key still carries its token. Timing decides only who gets a partition and when; fencing
+//! (`log::jetstream`) makes sure a former holder can no longer write, whatever its clock.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream::kv::{self, CreateErrorKind, Operation, UpdateErrorKind};
+use async_nats::jetstream::stream;
+use async_trait::async_trait;
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+
+use crate::log::Authority;
+
+/// What a lease key holds.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+struct Holding {
+    holder: String,
+    token: String,
+}
+
+/// A host's view of the lease bucket.
+#[derive(Debug)]
+pub struct Leases {
+    kv: kv::Store,
+    context: async_nats::jetstream::Context,
+    bucket: String,
+    host: String,
+    ttl: Duration,
+    /// Per key: the revision last seen and since when, on this host's clock.
+    seen: HashMap<String, (u64, Instant)>,
+}
+
+/// A lease this host holds.
+#[derive(Debug)]
+pub struct Lease {
+    kv: kv::Store,
+    pub partition: u32,
+    key: String,
+    holding: Holding,
+    /// The revision of this host's last write of the key.
+    revision: AtomicU64,
+    /// When the last renewal succeeded.
+    renewed: std::sync::Mutex<Instant>,
+}
+
+/// What renewing a lease found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Renewal {
+    Renewed,
+    /// Another host holds it now.
+    Lost,
+    /// NATS did not answer; the lease is still this host's as far as it knows.
+    Unknown,
+}
+
+fn key(partition: u32) -> String {
+    format!("partition-{partition}")
+}
+
+impl Leases {
+    /// Opens (creating it when new) the bucket `bucket` with `replicas` replicas, as `host`.
+    pub async fn open(
+        context: &async_nats::jetstream::Context,
+        bucket: &str,
+        replicas: usize,
+        host: &str,
+        ttl: Duration,
+    ) -> anyhow::Result<Self> {
+        // The bucket's stream, as async-nats would make it; its own `create_key_value` first
+        // asks for account details that nats-server 2.9 answers in a shape it does not read.
+        let config = stream::Config {
+            name: format!("KV_{bucket}"),
+            subjects: vec![format!("$KV.{bucket}.>")],
+            max_messages_per_subject: 1,
+            allow_rollup: true,
+            deny_delete: true,
+            allow_direct: true,
+            discard: stream::DiscardPolicy::New,
+            num_replicas: replicas,
+            ..stream::Config::default()
+        };
+        context
+            .get_or_create_stream(config)
+            .await
+            .map_err(|e| anyhow::anyhow!("creating the lease bucket {bucket}: {e}"))?;
+        let kv = context
+            .get_key_value(bucket)
+            .await
+            .map_err(|e| anyhow::anyhow!("opening the lease bucket {bucket}: {e}"))?;
+        Ok(Self {
+            kv,
+            context: context.clone(),
+            bucket: bucket.to_owned(),
+            host: host.to_owned(),
+            ttl,
+            seen: HashMap::new(),
+        })
+    }
+
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    pub fn store(&self) -> &kv::Store {
+        &self.kv
+    }
+
+    fn host_key(&self) -> String {
+        format!("host-{}", self.host)
+    }
+
+    /// Says this host is alive: moves its `host-NAME` key's revision.
+    pub async fn heartbeat(&self) {
+        if let Err(e) = self.kv.put(self.host_key(), Bytes::new()).await {
+            tracing::debug!("heartbeat: {e}");
+        }
+    }
+
+    /// How many hosts are alive: this one, and those whose heartbeat moved within a TTL
+    /// as this host has seen.
+    pub async fn live_hosts(&mut self) -> anyhow::Result<u32> {
+        use futures_util::TryStreamExt as _;
+        // The keys from the stream's subjects, not from a consumer: nats-server 2.9 may
+        // place a consumer on a server that has died.
+        let stream = self
+            .context
+            .get_stream_no_info(format!("KV_{}", self.bucket))
+            .await?;
+        let prefix = format!("$KV.{}.", self.bucket);
+        let subjects: Vec<(String, usize)> = stream
+            .info_with_subjects(format!("{prefix}host-*"))
+            .await?
+            .try_collect()
+            .await?;
+        let mine = self.host_key();
+        let mut live = 1;
+        for (subject, _) in subjects {
+            let Some(key) = subject.strip_prefix(&prefix) else {
+                continue;
+            };
+            if key == mine {
+                continue;
+            }
+            let Some(entry) = self.kv.entry(key).await? else {
+                continue;
+            };
+            if entry.operation == Operation::Put && !self.expired(key, entry.revision) {
+                live += 1;
+            }
+        }
+        Ok(live)
+    }
+
+    /// Says this host has left: deletes its heartbeat key.
+    pub async fn leave(&self) {
+        if let Err(e) = self.kv.delete(self.host_key()).await {
+            tracing::debug!("leaving: {e}");
+        }
+    }
+
+    /// Tries to take partition `partition`: when its lease was never taken, was released,
+    /// or has expired. `Ok(None)`: another host holds it (or won the race).
+    pub async fn try_acquire(&mut self, partition: u32) -> anyhow::Result<Option<Lease>> {
+        let key = key(partition);
+        let holding = Holding {
+            holder: self.host.clone(),
+            token: format!("{:032x}", rand::random::<u128>()),
+        };
+        let value = Bytes::from(serde_json::to_vec(&holding)?);
+        let entry = self.kv.entry(&key).await?;
+        let won = match entry {
+            None => match self.kv.create(&key, value).await {
+                Ok(revision) => Some(revision),
+                Err(e) if e.kind() == CreateErrorKind::AlreadyExists => None,
+                Err(e) => return Err(e.into()),
+            },
+            Some(entry) => {
+                let free = entry.operation != Operation::Put || self.expired(&key, entry.revision);
+                if !free {
+                    return Ok(None);
+                }
+                match self.kv.update(&key, value, entry.revision).await {
+                    Ok(revision) => Some(revision),
+                    Err(e) if e.kind() == UpdateErrorKind::WrongLastRevision => None,
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        };
+        Ok(won.map(|revision| {
+            self.seen.remove(&key);
+            Lease {
+                kv: self.kv.clone(),
+                partition,
+                key,
+                holding,
+                revision: AtomicU64::new(revision),
+                renewed: std::sync::Mutex::new(Instant::now()),
+            }
+        }))
+    }
+
+    /// Whether `key` at `revision` has not moved for a whole TTL since this host first saw
+    /// it at that revision.
+    fn expired(&mut self, key: &str, revision: u64) -> bool {
+        let now = Instant::now();
+        let (seen, since) = self.seen.entry(key.to_owned()).or_insert((revision, now));
+        if *seen != revision {
+            *seen = revision;
+            *since = now;
+        }
+        now.duration_since(*since) >= self.ttl
+    }
+
+    /// The hosts holding each partition of `0..partitions`, as the bucket says now.
+    pub async fn holders(&self, partitions: u32) -> anyhow::Result<Vec<Option<String>>> {
+        let mut holders = Vec::with_capacity(partitions as usize);
+        for partition in 0..partitions {
+            let holder = match self.kv.entry(key(partition)).await? {
+                Some(entry) if entry.operation == Operation::Put => {
+                    serde_json::from_slice::<Holding>(&entry.value)
+                        .ok()
+                        .map(|h| h.holder)
+                }
+                _ => None,
+            };
+            holders.push(holder);
+        }
+        Ok(holders)
+    }
+}
+
+impl Lease {
+    /// Renews the lease: moves its revision, if it is still this host's.
+    pub async fn renew(&self) -> Renewal {
+        let value = match serde_json::to_vec(&self.holding) {
+            Ok(value) => Bytes::from(value),
+            Err(_) => return Renewal::Unknown,
+        };
+        let revision = self.revision.load(Ordering::Acquire);
+        match self.kv.update(&self.key, value, revision).await {
+            Ok(revision) => {
+                self.revision.store(revision, Ordering::Release);
+                *self.renewed.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
+                Renewal::Renewed
+            }
+            Err(e) if e.kind() == UpdateErrorKind::WrongLastRevision => Renewal::Lost,
+            Err(e) => {
+                tracing::debug!(partition = self.partition, "renewing the lease: {e}");
+                Renewal::Unknown
+            }
+        }
+    }
+
+    /// How long ago the last renewal (or the acquisition) succeeded.
+    pub fn since_renewed(&self) -> Duration {
+        self.renewed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .elapsed()
+    }
+
+    /// Gives the partition up: deletes the key if it is still this host's, so another host
+    /// can take it at once instead of after a TTL.
+    pub async fn release(&self) {
+        let revision = self.revision.load(Ordering::Acquire);
+        if let Err(e) = self
+            .kv
+            .delete_expect_revision(&self.key, Some(revision))
+            .await
+        {
+            tracing::debug!(partition = self.partition, "releasing the lease: {e}");
+        }
+    }
+}
+
+#[async_trait]
+impl Authority for Lease {
+    async fn holds(&self) -> Result<bool, String> {
+        let entry = self.kv.entry(&self.key).await.map_err(|e| e.to_string())?;
+        Ok(entry.is_some_and(|entry| {
+            entry.operation == Operation::Put
+                && serde_json::from_slice::<Holding>(&entry.value)
+                    .ok()
+                    .as_ref()
+                    == Some(&self.holding)
+        }))
+    }
+}

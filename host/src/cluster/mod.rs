@@ -1,0 +1,331 @@
+//! Several hosts sharing one agent's partitions over NATS JetStream (`rewind cluster`).
+//!
+//! Per partition P, under a deployment's prefix:
+//! - `PREFIX-in-P`: the inputs (subjects `PREFIX.in.TENANT.AGENT.P`, [`inputs`]);
+//! - `PREFIX-state-P`: the action-state log of the partition's `LogStore`;
+//! - `PREFIX-out-P`: the outputs ([`outputs`]);
+//! - `PREFIX-checkpoints-P`: the checkpoints (`checkpoint::LogCheckpoints`);
+//! - the key `partition-P` of the bucket `PREFIX-leases`: who holds it ([`lease`]).
+//!
+//! A host runs the partitions whose leases it holds, each from its newest checkpoint, and
+//! takes its share of the others: ⌈partitions / live hosts⌉, live hosts being those whose
+//! heartbeat key moved within a lease TTL. A host above its share lets partitions go (each
+//! finishes what it accepted, checkpoints, and releases its lease); a host below it takes
+//! free and expired ones. The state, output and checkpoint streams of a partition are
+//! fenced by its lease: a host that lost it cannot write to them any more.
+
+pub mod inputs;
+pub mod lease;
+pub mod outputs;
+mod partition;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use async_nats::jetstream::{self, kv};
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::agent::{AgentFile, Summary};
+use crate::sandbox::Sandbox;
+use lease::{Lease, Leases, Renewal};
+pub use partition::PartitionContext;
+
+/// Where a deployment's streams are and how they are laid out.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Layout {
+    /// The first token of every stream, subject and bucket name.
+    pub prefix: String,
+    pub partitions: u32,
+    /// Replicas of every stream and bucket: 3 in production (JetStream 2.9 acknowledges
+    /// before fsync; durability comes from replication).
+    pub replicas: usize,
+}
+
+impl Layout {
+    pub fn lease_bucket(&self) -> String {
+        format!("{}-leases", self.prefix)
+    }
+
+    /// The layout of the cluster `prefix`, as its first host recorded it.
+    pub async fn load(context: &jetstream::Context, prefix: &str) -> anyhow::Result<Self> {
+        let bucket = format!("{prefix}-leases");
+        let missing = || {
+            anyhow::anyhow!(
+                "there is no cluster `{prefix}` on this NATS: start a host first (rewind \
+                 cluster run)"
+            )
+        };
+        let leases = context
+            .get_key_value(&bucket)
+            .await
+            .map_err(|_| missing())?;
+        let layout = leases.get("layout").await?.ok_or_else(missing)?;
+        serde_json::from_slice(&layout).context("the recorded layout")
+    }
+
+    /// Records the layout in the lease bucket when it is the first, or checks that it is
+    /// the one recorded: hosts that disagree on the partitions would split keys apart.
+    async fn agree(&self, leases: &kv::Store) -> anyhow::Result<()> {
+        let mine = Bytes::from(serde_json::to_vec(self)?);
+        if leases.create("layout", mine).await.is_ok() {
+            return Ok(());
+        }
+        let recorded = leases
+            .get("layout")
+            .await?
+            .context("the lease bucket has no layout")?;
+        let recorded: Layout = serde_json::from_slice(&recorded).context("the recorded layout")?;
+        anyhow::ensure!(
+            &recorded == self,
+            "the cluster `{}` has {} partitions of {} replicas; this host was started with {} \
+             of {}: start it with the cluster's",
+            self.prefix,
+            recorded.partitions,
+            recorded.replicas,
+            self.partitions,
+            self.replicas
+        );
+        Ok(())
+    }
+}
+
+/// How one host joins.
+#[derive(Clone, Debug)]
+pub struct HostOptions {
+    /// NATS URLs, comma-separated.
+    pub nats: String,
+    pub layout: Layout,
+    /// This host's name, unique among the hosts.
+    pub host: String,
+    pub tenant: String,
+    /// A lease whose revision has not moved for this long has expired.
+    pub lease_ttl: Duration,
+}
+
+/// A partition this host runs.
+#[derive(Debug)]
+struct Running {
+    lease: Arc<Lease>,
+    stop: watch::Sender<bool>,
+    task: JoinHandle<anyhow::Result<Summary>>,
+    /// Lost to another host: not to be released.
+    lost: bool,
+}
+
+/// Runs this host's share of the agent's partitions until `shutdown` resolves; then lets
+/// each finish what it accepted, checkpoint, and go.
+pub async fn run_host(
+    options: HostOptions,
+    file: AgentFile,
+    sandbox: Arc<Sandbox>,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<()> {
+    let layout = options.layout.clone();
+    inputs::check_token("agent", &file.config.name)?;
+    inputs::check_token("tenant", &options.tenant)?;
+    inputs::check_token("prefix", &layout.prefix)?;
+    inputs::check_token("host", &options.host)?;
+    // An agent that cannot be built fails here, once, not in every partition it takes.
+    crate::agent::Agent::builder(file.clone(), Arc::clone(&sandbox))
+        .tenant(options.tenant.clone())
+        .build()?;
+    let client = crate::log::connect_nats(&options.nats).await?;
+    let mut context = jetstream::new(client);
+    // Requests to a stream whose server just died wait this long for nothing; every
+    // request here is retried, so a short wait moves on sooner.
+    context.set_timeout(REQUEST_TIMEOUT);
+    let mut leases = Leases::open(
+        &context,
+        &layout.lease_bucket(),
+        layout.replicas,
+        &options.host,
+        options.lease_ttl,
+    )
+    .await?;
+    layout.agree(leases.store()).await?;
+    layout.create_input_streams(&context).await?;
+    let partition = PartitionContext {
+        context,
+        layout: layout.clone(),
+        tenant: options.tenant.clone(),
+        file,
+        sandbox,
+    };
+    let mut hosted = Hosted::default();
+    let tick = options.lease_ttl / 3;
+    tracing::info!(host = %options.host, partitions = layout.partitions, "joined");
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            () = &mut shutdown => break,
+            () = tokio::time::sleep(tick) => {}
+        }
+        step(&mut leases, &partition, &mut hosted).await;
+    }
+    tracing::info!(host = %options.host, "leaving: letting every partition finish");
+    for (_, run) in std::mem::take(&mut hosted.running) {
+        stop(run).await;
+    }
+    leases.leave().await;
+    Ok(())
+}
+
+/// What a host runs, and the partitions whose run failed, not to be taken again before a
+/// backoff.
+#[derive(Debug, Default)]
+struct Hosted {
+    running: BTreeMap<u32, Running>,
+    /// Per partition: not before, and the next backoff.
+    failed: BTreeMap<u32, (Instant, Duration)>,
+    /// Live hosts as last counted.
+    live: u32,
+}
+
+/// How long a request to NATS may take before it is retried.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// The first wait before a partition whose run failed is taken again; it doubles up to
+/// [`MAX_BACKOFF`].
+const FIRST_BACKOFF: Duration = Duration::from_secs(1);
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+
+/// One round: renew what this host holds, reap what ended, and take or give partitions
+/// toward this host's share.
+async fn step(leases: &mut Leases, partition: &PartitionContext, hosted: &mut Hosted) {
+    let Hosted {
+        running,
+        failed,
+        live,
+    } = hosted;
+    leases.heartbeat().await;
+    for (number, run) in running.iter_mut() {
+        let lost = match run.lease.renew().await {
+            Renewal::Renewed => false,
+            Renewal::Lost => true,
+            Renewal::Unknown => run.lease.since_renewed() >= leases.ttl(),
+        };
+        if lost && !run.lost {
+            tracing::warn!(partition = number, "lease lost: stopping the partition");
+            run.lost = true;
+            let _ = run.stop.send(true);
+        }
+    }
+    let ended: Vec<u32> = running
+        .iter()
+        .filter(|(_, run)| run.task.is_finished())
+        .map(|(&number, _)| number)
+        .collect();
+    for number in ended {
+        let Some(run) = running.remove(&number) else {
+            continue;
+        };
+        if stop(run).await {
+            failed.remove(&number);
+        } else {
+            let backoff = failed.get(&number).map_or(FIRST_BACKOFF, |&(_, b)| b);
+            let next = (backoff * 2).min(MAX_BACKOFF);
+            failed.insert(number, (Instant::now() + backoff, next));
+        }
+    }
+    let partitions = partition.layout.partitions;
+    match leases.live_hosts().await {
+        Ok(counted) => *live = counted.max(1),
+        Err(e) => tracing::debug!("counting live hosts (as {live} until it works): {e}"),
+    }
+    let share = partitions.div_ceil((*live).max(1)) as usize;
+    if running.len() > share {
+        // The highest-numbered partitions go first, so hosts agree on which move.
+        let extra: Vec<u32> = running
+            .keys()
+            .rev()
+            .take(running.len() - share)
+            .copied()
+            .collect();
+        for number in extra {
+            if let Some(run) = running.remove(&number) {
+                tracing::info!(
+                    partition = number,
+                    share,
+                    "above this host's share: letting it go"
+                );
+                stop(run).await;
+            }
+        }
+    }
+    for number in 0..partitions {
+        if running.len() >= share {
+            break;
+        }
+        if running.contains_key(&number)
+            || failed
+                .get(&number)
+                .is_some_and(|&(until, _)| Instant::now() < until)
+        {
+            continue;
+        }
+        let lease = match leases.try_acquire(number).await {
+            Ok(Some(lease)) => lease,
+            Ok(None) => continue,
+            Err(e) => {
+                tracing::debug!(partition = number, "taking the lease: {e}");
+                continue;
+            }
+        };
+        let lease = Arc::new(lease);
+        let (stop_tx, mut stop_rx) = watch::channel(false);
+        let context = partition.clone();
+        let task_lease = Arc::clone(&lease);
+        let task = tokio::spawn(async move {
+            let stop = async move {
+                let _ = stop_rx.wait_for(|stop| *stop).await;
+            };
+            partition::run(&context, task_lease, stop).await
+        });
+        running.insert(
+            number,
+            Running {
+                lease,
+                stop: stop_tx,
+                task,
+                lost: false,
+            },
+        );
+    }
+}
+
+/// Stops a partition's run, waits for it, and releases its lease unless it was lost.
+/// Returns whether the run ended well.
+async fn stop(run: Running) -> bool {
+    let _ = run.stop.send(true);
+    let number = run.lease.partition;
+    let started = Instant::now();
+    let ok = match run.task.await {
+        Ok(Ok(summary)) => {
+            tracing::info!(
+                partition = number,
+                completed = summary.completed,
+                failed = summary.failed.len(),
+                "partition stopped after {:.1?}",
+                started.elapsed()
+            );
+            true
+        }
+        Ok(Err(e)) => {
+            tracing::error!(partition = number, "partition stopped: {e:#}");
+            false
+        }
+        Err(e) => {
+            tracing::error!(partition = number, "partition panicked: {e}");
+            false
+        }
+    };
+    if !run.lost {
+        run.lease.release().await;
+    }
+    ok
+}

@@ -1,0 +1,139 @@
+//! One partition on the host that holds its lease: recovered from its last checkpoint, then
+//! run until the host lets it go.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use async_nats::jetstream;
+use futures_util::StreamExt as _;
+
+use super::lease::Lease;
+use super::outputs::StreamSink;
+use super::{Layout, inputs};
+use crate::agent::{Agent, AgentFile, Checkpointing, RunOptions, Summary, run_inputs};
+use crate::checkpoint::{CheckpointStore, LogCheckpoints, recover_store};
+use crate::log::{Authority, JetStreamLog, Log, StreamSpec};
+use crate::sandbox::Sandbox;
+use crate::store::LogStore;
+
+impl Layout {
+    pub fn state_stream(&self, partition: u32) -> StreamSpec {
+        StreamSpec {
+            name: format!("{}-state-{partition}", self.prefix),
+            subject: format!("{}.state.{partition}", self.prefix),
+            replicas: self.replicas,
+        }
+    }
+
+    pub fn checkpoint_stream(&self, partition: u32) -> StreamSpec {
+        StreamSpec {
+            name: format!("{}-checkpoints-{partition}", self.prefix),
+            subject: format!("{}.checkpoints.{partition}", self.prefix),
+            replicas: self.replicas,
+        }
+    }
+}
+
+/// What a partition runs with.
+#[derive(Clone, Debug)]
+pub struct PartitionContext {
+    pub context: jetstream::Context,
+    pub layout: Layout,
+    pub tenant: String,
+    pub file: AgentFile,
+    pub sandbox: Arc<Sandbox>,
+}
+
+/// Opens partition `partition`'s stream `spec` as a log fenced by `lease`.
+async fn fenced(
+    context: &jetstream::Context,
+    spec: StreamSpec,
+    lease: &Arc<Lease>,
+) -> anyhow::Result<Arc<dyn Log>> {
+    let name = spec.name.clone();
+    let authority: Arc<dyn Authority> = Arc::clone(lease) as Arc<dyn Authority>;
+    let log = JetStreamLog::open(context.clone(), vec![spec], Some(authority))
+        .await
+        .with_context(|| format!("opening {name}"))?;
+    Ok(Arc::new(log))
+}
+
+/// Recovers partition `lease.partition` from its newest checkpoint and runs its inputs
+/// until `stop` resolves; then finishes the inputs it accepted and takes a last checkpoint.
+pub async fn run(
+    partition: &PartitionContext,
+    lease: Arc<Lease>,
+    stop: impl Future<Output = ()> + Send,
+) -> anyhow::Result<Summary> {
+    let number = lease.partition;
+    let layout = &partition.layout;
+    let context = &partition.context;
+    let config = &partition.file.config;
+    // Fencing first: from here on no earlier holder writes to these streams.
+    let state_log = fenced(context, layout.state_stream(number), &lease).await?;
+    let output_log = fenced(context, layout.output_stream(number), &lease).await?;
+    let checkpoint_log = fenced(context, layout.checkpoint_stream(number), &lease).await?;
+    let checkpoints = Arc::new(LogCheckpoints::new(checkpoint_log, 0));
+    let latest = checkpoints
+        .latest()
+        .await
+        .with_context(|| format!("partition {number}: reading its newest checkpoint"))?;
+    let store = Arc::new(
+        LogStore::new(Arc::clone(&state_log), config.state.marker)
+            .with_refresh_batch(config.state.refresh_batch),
+    );
+    recover_store(
+        &*store,
+        &*state_log,
+        latest.as_ref(),
+        &partition.tenant,
+        &config.name,
+    )
+    .await
+    .with_context(|| format!("partition {number}: recovering its states"))?;
+    let agent = Arc::new(
+        Agent::builder(partition.file.clone(), Arc::clone(&partition.sandbox))
+            .tenant(partition.tenant.clone())
+            .store(store)
+            .build()?,
+    );
+    let mut sink = StreamSink::open(
+        output_log,
+        latest.as_ref().and_then(|c| c.output_position).unwrap_or(0),
+    )
+    .await
+    .with_context(|| format!("partition {number}: reading its outputs"))?;
+    let after = latest.as_ref().map_or(0, |c| c.input_position);
+    let lines = inputs::subscribe(
+        context,
+        layout,
+        &partition.tenant,
+        &config.name,
+        number,
+        after,
+    )
+    .await?
+    .take_until(Box::pin(stop));
+    tracing::info!(
+        partition = number,
+        checkpoint = latest.as_ref().map(|c| c.id),
+        after,
+        "partition taken: running its inputs"
+    );
+    let checkpointing = Checkpointing {
+        store: checkpoints,
+        every_inputs: Some(config.state.checkpoint_every_inputs),
+        every: Some(Duration::from_millis(config.state.checkpoint_every_ms)),
+        keep: config.state.keep_checkpoints,
+        retention: Some(state_log),
+    };
+    let options = RunOptions {
+        checkpointing: Some(&checkpointing),
+        resume: latest.as_ref(),
+    };
+    let summary = run_inputs(agent, Box::pin(lines), &mut sink, &(), options)
+        .await
+        .with_context(|| format!("partition {number}: writing outputs"))?;
+    Ok(summary)
+}

@@ -1,0 +1,362 @@
+//! `rewind cluster`: hosts sharing an agent's partitions over a real nats-server, each host a
+//! `rewind` process. Hosts are killed (SIGKILL), paused past their lease (SIGSTOP), and NATS
+//! nodes killed or restarted, while inputs flow; every output must appear once, and every
+//! call's idempotency key reach the remote once.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use rewind_host::cluster::outputs::{OutputRecord, read_outputs};
+use rewind_host::cluster::{Layout, inputs};
+use rewind_host::log::{JetStreamLog, connect_nats};
+use rewind_host::testing::nats::NatsServers;
+use serde_json::{Value, json};
+
+use crate::remote::{Remote, serve};
+use crate::support::{guest, workspace_root};
+
+const PARTITIONS: u32 = 4;
+const KEYS: u32 = 6;
+
+/// A `rewind cluster run` process; SIGKILLed when dropped.
+struct Host {
+    child: Option<Child>,
+    log: PathBuf,
+}
+
+impl Host {
+    fn start(dir: &Path, url: &str, name: &str, replicas: usize, ttl_ms: u64) -> Self {
+        let log = dir.join(format!("{name}.log"));
+        let child = Command::new(env!("CARGO_BIN_EXE_rewind"))
+            .arg("--cache-dir")
+            .arg(workspace_root().join("target").join("rewind-test-cache"))
+            .args(["cluster", "run"])
+            .arg(dir.join("agent.toml"))
+            .args(["--nats", url, "--prefix", "t", "--host", name])
+            .args(["--partitions", &PARTITIONS.to_string()])
+            .args(["--replicas", &replicas.to_string()])
+            .args(["--lease-ttl-ms", &ttl_ms.to_string()])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("host log"))
+            .spawn()
+            .expect("rewind cluster run starts");
+        Self {
+            child: Some(child),
+            log,
+        }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
+    }
+
+    fn signal(&self, signal: rustix::process::Signal) {
+        let pid = rustix::process::Pid::from_raw(self.pid().cast_signed()).expect("a pid");
+        rustix::process::kill_process(pid, signal).expect("signal");
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// SIGTERM, and waits for a clean exit.
+    fn stop(&mut self) {
+        self.signal(rustix::process::Signal::TERM);
+        let status = self.child.take().expect("running").wait().expect("wait");
+        assert!(
+            status.success(),
+            "host exited with {status}:\n{}",
+            self.log()
+        );
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Host {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// The agent: the caller guest, charging the remote twice per input (in doubt: reconcile).
+fn write_agent(dir: &Path, url: &str) {
+    std::fs::write(
+        dir.join("agent.toml"),
+        format!(
+            "name = \"billing\"\nparallelism = 4\n\n[state]\ncheckpoint-every-ms = 100\n\
+             checkpoint-every-inputs = 5\n\n[[actions]]\nname = \"work\"\ncomponent = {:?}\n\
+             on = [\"input\"]\n\n[functions.charge]\nkind = \"http\"\nurl = \"{url}\"\n\
+             in-doubt = \"reconcile\"\nreconcile-url = \"{url}/status\"\n",
+            guest("caller").display().to_string()
+        ),
+    )
+    .expect("write agent.toml");
+}
+
+fn layout(replicas: usize) -> Layout {
+    Layout {
+        prefix: "t".to_owned(),
+        partitions: PARTITIONS,
+        replicas,
+    }
+}
+
+/// Publishes inputs `range`, one every `every`: each charges twice and carries the key's
+/// memory on.
+async fn publish(url: String, replicas: usize, range: std::ops::Range<u32>, every: Duration) {
+    let context = async_nats::jetstream::new(connect_nats(&url).await.expect("connects"));
+    let layout = layout(replicas);
+    for i in range {
+        let payload = json!({ "calls": [
+            { "function": "charge", "args": { "input": i, "part": 1 } },
+            { "function": "charge", "args": { "input": i, "part": 2 } },
+        ], "memory_set": { "last": i }, "memory_get": ["last"] });
+        // Retried, with the same id, across a restart or an election.
+        let mut attempt = 0;
+        while let Err(e) = inputs::publish(
+            &context,
+            &layout,
+            "default",
+            "billing",
+            &format!("customer-{}", i % KEYS),
+            &payload.to_string(),
+            Some(&format!("input-{i}")),
+        )
+        .await
+        {
+            attempt += 1;
+            assert!(attempt < 100, "publishing input {i}: {e}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        tokio::time::sleep(every).await;
+    }
+}
+
+async fn outputs(url: &str, replicas: usize) -> Vec<OutputRecord> {
+    let context = async_nats::jetstream::new(connect_nats(url).await.expect("connects"));
+    let layout = layout(replicas);
+    let streams = (0..PARTITIONS).map(|p| layout.output_stream(p)).collect();
+    let log = JetStreamLog::open(context, streams, None)
+        .await
+        .expect("output streams");
+    let mut all = Vec::new();
+    for partition in 0..PARTITIONS {
+        all.extend(
+            read_outputs(&log, partition, 0)
+                .await
+                .expect("outputs")
+                .into_iter()
+                .map(|(_, output)| output),
+        );
+    }
+    all
+}
+
+/// Waits until there are `count` outputs (or more), or fails after `within`.
+async fn wait_for_outputs(
+    url: &str,
+    replicas: usize,
+    count: usize,
+    within: Duration,
+    hosts: &[&Host],
+) {
+    let deadline = Instant::now() + within;
+    loop {
+        let n = outputs(url, replicas).await.len();
+        if n >= count {
+            return;
+        }
+        if Instant::now() > deadline {
+            let logs: Vec<String> = hosts.iter().map(|h| h.log()).collect();
+            panic!(
+                "{n} of {count} outputs after {within:?}; hosts' logs:\n{}",
+                logs.join("\n----\n")
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// What users rely on: each input's output once, its memory carried on from the key's input
+/// before it, and each call's effect once.
+fn check(outputs: &[OutputRecord], remote: &Remote, inputs: u32) {
+    let ids: BTreeSet<&str> = outputs.iter().map(|o| o.id.as_str()).collect();
+    assert_eq!(ids.len(), outputs.len(), "an output appeared twice");
+    assert_eq!(outputs.len(), inputs as usize, "every input's output");
+    let mut by_key: BTreeMap<&str, Vec<(u64, Value)>> = BTreeMap::new();
+    for output in outputs {
+        let payload: Value = serde_json::from_str(output.payload.get()).expect("JSON");
+        by_key
+            .entry(output.key.as_str())
+            .or_default()
+            .push((output.sequence, payload));
+    }
+    for (key, mut outputs) in by_key {
+        outputs.sort_by_key(|(sequence, _)| *sequence);
+        let mut last = Value::Null;
+        for (expected, (sequence, payload)) in (1..).zip(&outputs) {
+            assert_eq!(*sequence, expected, "{key}: sequences without a gap");
+            assert_eq!(
+                payload["memory"]["last"], last,
+                "{key} #{sequence}: memory as the input before left it"
+            );
+            last = payload["results"][0]["ok"]["charged"]["input"].clone();
+        }
+    }
+    assert_eq!(
+        remote.keys().len(),
+        2 * inputs as usize,
+        "each call's effect"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_hosts_one_killed_every_output_once_and_every_call_once() {
+    let servers = NatsServers::single().expect("nats-server starts");
+    let url = servers.url();
+    let remote = Remote::default();
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_agent(dir.path(), &serve(remote.clone()).await);
+    let mut a = Host::start(dir.path(), &url, "a", 1, 1_500);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let b = Host::start(dir.path(), &url, "b", 1, 1_500);
+
+    let inputs = 90;
+    let publisher = tokio::spawn(publish(
+        url.clone(),
+        1,
+        0..inputs,
+        Duration::from_millis(40),
+    ));
+    // Both hosts at work (the partitions shared out), then A dies mid-run.
+    wait_for_outputs(&url, 1, 30, Duration::from_secs(60), &[&a, &b]).await;
+    a.kill();
+    publisher.await.expect("publisher");
+    wait_for_outputs(&url, 1, inputs as usize, Duration::from_secs(60), &[&b]).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    check(&outputs(&url, 1).await, &remote, inputs);
+    assert_eq!(remote.repeats(), 0, "no call reached the remote twice");
+    let (a_log, b_log) = (a.log(), b.log());
+    assert!(
+        a_log.contains("partition taken"),
+        "A ran partitions:\n{a_log}"
+    );
+    assert!(
+        b_log.matches("partition taken").count() > b_log.matches("letting it go").count() + 1,
+        "B took A's partitions over:\n{b_log}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_host_past_its_lease_cannot_write_when_it_wakes() {
+    let servers = NatsServers::single().expect("nats-server starts");
+    let url = servers.url();
+    let remote = Remote::default();
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_agent(dir.path(), &serve(remote.clone()).await);
+    let a = Host::start(dir.path(), &url, "a", 1, 1_000);
+    publish(url.clone(), 1, 0..12, Duration::ZERO).await;
+    wait_for_outputs(&url, 1, 12, Duration::from_secs(60), &[&a]).await;
+
+    // A is paused while serving a call of the next inputs, after the remote had its effect.
+    *remote.pause_during.lock().expect("lock") = Some((remote.total() + 3, a.pid()));
+    publish(url.clone(), 1, 12..24, Duration::ZERO).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while remote.pause_during.lock().expect("lock").is_some() {
+        assert!(Instant::now() < deadline, "A was never paused");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // B takes every partition over once A's leases expire, and finishes the inputs.
+    let mut b = Host::start(dir.path(), &url, "b", 1, 1_000);
+    wait_for_outputs(&url, 1, 24, Duration::from_secs(60), &[&a, &b]).await;
+    // A wakes up holding nothing but what it was doing: its writes are refused.
+    a.signal(rustix::process::Signal::CONT);
+    publish(url.clone(), 1, 24..30, Duration::ZERO).await;
+    wait_for_outputs(&url, 1, 30, Duration::from_secs(60), &[&a, &b]).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    check(&outputs(&url, 1).await, &remote, 30);
+    // A call whose pending record A wrote before it was paused is in doubt for B, which
+    // asks the remote, hears it never ran, and makes it. When A wakes it may still send
+    // that call, with the same idempotency key: the remote drops the repeat (its effect
+    // counted once above). At most one such call per run A had in flight (parallelism 4).
+    assert!(
+        remote.repeats() <= 4,
+        "only calls A had already begun reach the remote again: {}",
+        remote.repeats()
+    );
+    let a_log = a.log();
+    assert!(a_log.contains("fenced"), "A's write was refused:\n{a_log}");
+    assert!(
+        a_log.contains("lease lost"),
+        "A learned it lost its lease:\n{a_log}"
+    );
+    b.stop();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nats_node_killed_mid_run_loses_nothing() {
+    let mut servers = NatsServers::cluster(3).expect("a 3-node cluster starts");
+    let url = servers.url();
+    let remote = Remote::default();
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_agent(dir.path(), &serve(remote.clone()).await);
+    let mut host = Host::start(dir.path(), &url, "a", 3, 5_000);
+
+    let inputs = 60;
+    let publisher = tokio::spawn(publish(
+        url.clone(),
+        3,
+        0..inputs,
+        Duration::from_millis(50),
+    ));
+    wait_for_outputs(&url, 3, 15, Duration::from_secs(60), &[&host]).await;
+    tokio::task::block_in_place(|| servers.kill(0)).expect("node 1 killed");
+    publisher.await.expect("publisher");
+    wait_for_outputs(&url, 3, inputs as usize, Duration::from_secs(90), &[&host]).await;
+
+    check(&outputs(&url, 3).await, &remote, inputs);
+    assert_eq!(remote.repeats(), 0, "no call reached the remote twice");
+    host.stop();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_host_carries_on_across_a_nats_server_restart() {
+    let mut servers = NatsServers::single().expect("nats-server starts");
+    let url = servers.url();
+    let remote = Remote::default();
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_agent(dir.path(), &serve(remote.clone()).await);
+    let mut host = Host::start(dir.path(), &url, "a", 1, 5_000);
+
+    let inputs = 60;
+    let publisher = {
+        let url = url.clone();
+        tokio::spawn(async move {
+            // The publisher retries across the restart too, with the same ids.
+            publish(url, 1, 0..inputs, Duration::from_millis(50)).await;
+        })
+    };
+    wait_for_outputs(&url, 1, 15, Duration::from_secs(60), &[&host]).await;
+    tokio::task::block_in_place(|| servers.restart(0)).expect("nats-server restarts");
+    publisher.await.expect("publisher");
+    wait_for_outputs(&url, 1, inputs as usize, Duration::from_secs(60), &[&host]).await;
+
+    check(&outputs(&url, 1).await, &remote, inputs);
+    assert_eq!(remote.repeats(), 0, "no call reached the remote twice");
+    let log = host.log();
+    assert!(
+        !log.contains("lease lost"),
+        "the host kept its partitions:\n{log}"
+    );
+    host.stop();
+}
