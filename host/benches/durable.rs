@@ -15,6 +15,8 @@ use rewind_host::store::{
 
 use common::{calls, noop_functions};
 
+// Not every bench uses every helper.
+#[allow(dead_code)]
 mod common;
 
 fn root() -> &'static Path {

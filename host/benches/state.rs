@@ -11,26 +11,15 @@ use std::time::{Duration, Instant};
 use rewind_host::event::Event;
 use rewind_host::functions::Functions;
 use rewind_host::log::{FileLog, FileLogOptions, Log};
-use rewind_host::store::{
-    ActionState, ActionStateStore, Digest, KeyScope, LogStore, MarkerStrategy, StateKey,
-};
+use rewind_host::store::{ActionState, ActionStateStore, LogStore, MarkerStrategy};
 
-use common::{calls as calls_of, noop_functions};
+use common::{calls as calls_of, calls_per_second_64_keys, key, noop_functions};
 
 mod common;
 
 fn median(mut samples: Vec<Duration>) -> Duration {
     samples.sort_unstable();
     samples[samples.len() / 2]
-}
-
-fn key(name: &str, sequence: u64) -> StateKey {
-    StateKey {
-        scope: KeyScope::new("bench", "bench", name),
-        sequence,
-        action: "act".to_owned(),
-        trigger: Digest::of(&[b"input"]),
-    }
 }
 
 fn open(dir: &Path, partitions: u32) -> Arc<dyn Log> {
@@ -76,27 +65,7 @@ async fn live_call_and_fdatasync(
 async fn throughput_64_keys(dir: &Path, functions: &Arc<Functions>, per_key: u64) -> f64 {
     let store: Arc<dyn ActionStateStore> =
         Arc::new(LogStore::new(open(dir, 8), MarkerStrategy::Offsets));
-    let started = Instant::now();
-    let mut tasks = Vec::new();
-    for k in 0..64 {
-        let (store, functions) = (Arc::clone(&store), Arc::clone(functions));
-        tasks.push(tokio::spawn(async move {
-            // Four calls per action run, as a short action would make.
-            for n in 0..per_key / 4 {
-                let state =
-                    ActionState::new(key(&format!("key-{k}"), n), Event::new("input", "{}"));
-                let mut run = calls_of(&store, &functions, state);
-                for i in 0..4 {
-                    let result = run.call("noop", &format!("{{\"i\":{i}}}")).await;
-                    assert!(matches!(result, Ok(Ok(_))));
-                }
-            }
-        }));
-    }
-    for task in tasks {
-        task.await.expect("task");
-    }
-    (64 * per_key) as f64 / started.elapsed().as_secs_f64()
+    calls_per_second_64_keys(&store, functions, per_key).await
 }
 
 /// A state of about 1 KiB.

@@ -1,21 +1,24 @@
 //! `JetStreamLog`: the log on NATS JetStream.
 //!
 //! One stream per partition; a record's offset is its stream sequence − 1, taken from the
-//! publish acknowledgement. Each partition has one writer task: it publishes the appends
-//! queued since its last batch one after the other without waiting, then awaits their
-//! acknowledgements together. An append is retried (with backoff, for up to
+//! publish acknowledgement. An append publishes at once and awaits its own acknowledgement,
+//! so appends from many tasks are in flight together. It is retried (with backoff, for up to
 //! [`RETRY_FOR`]) with the same `Nats-Msg-Id`, so a retry whose first attempt landed gets the
 //! original sequence back instead of a second record. Reads replay through an ordered
 //! consumer.
 //!
 //! A fenced log ([`JetStreamLog::open`] with an [`Authority`]) is one that a lease holder
-//! writes: every publish carries `Nats-Expected-Last-Sequence`, the sequence the writer
-//! expects before it. Opening it publishes a fence message (on the partition's fence
-//! subject, which readers skip) that moves the stream past whatever an earlier holder
-//! expected, so an earlier holder still running can no longer write. A writer whose publish
-//! is refused for a wrong last sequence reads the stream's last sequence, then asks its
-//! authority whether it still holds the partition: if so it goes on from there (the
-//! refusal was its own broken chain), if not the log is fenced for good.
+//! writes. Its publishes form a chain: each carries `Nats-Expected-Last-Msg-Id`, the id of
+//! the message it must follow (this host's previous publish), so the server takes it only
+//! if nothing else came in between. Opening the log publishes a fence message (on the
+//! partition's fence subject, which readers skip): from then on whatever an earlier holder
+//! still sends expects one of its own messages to be the last, and is refused, however many
+//! it had in flight. (An expected last *sequence* would not do: an earlier holder's
+//! pipelined publish predicts the sequence its predecessor lands at, and one taken by the
+//! fence makes the prediction come true.) A writer whose publish fails reads the id of the
+//! stream's last message, then asks its authority whether it still holds the partition: if
+//! so the chain goes on from there (the failure broke it), if not the log is fenced for
+//! good.
 //!
 //! Offsets therefore have gaps where fences are; readers never see them.
 //!
@@ -28,22 +31,22 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::consumer::{DeliverPolicy, pull};
-use async_nats::jetstream::context::PublishErrorKind;
+use async_nats::jetstream::context::{PublishAckFuture, PublishError, PublishErrorKind};
 use async_nats::jetstream::message::PublishMessage;
 use async_nats::jetstream::{self, stream};
 use async_trait::async_trait;
 use bytes::Bytes;
 use futures_util::StreamExt;
-use tokio::sync::{mpsc, oneshot};
 
 use super::{Log, LogError, Offset, Record};
+
+/// How long JetStream remembers a `Nats-Msg-Id`: longer than an append is retried. (The
+/// default, two minutes, keeps a map of ids four times as large for nothing.)
+const DUPLICATE_WINDOW: Duration = Duration::from_secs(40);
 
 /// How long an operation is retried (the server restarting, a cluster electing a leader)
 /// before it fails.
 pub const RETRY_FOR: Duration = Duration::from_secs(30);
-
-/// Appends published together before their acknowledgements are awaited.
-const MAX_BATCH: usize = 512;
 
 /// How long creating a replay consumer may take before a read gets its records one by one
 /// instead: a cluster that has lost a node and not noticed yet (nats-server 2.9) may place
@@ -53,7 +56,7 @@ pub const CONSUMER_WITHIN: Duration = Duration::from_secs(2);
 /// Decides whether this host may still write to a fenced partition.
 #[async_trait]
 pub trait Authority: Send + Sync + fmt::Debug {
-    /// Whether this host still holds the partition. Asked after the stream's last sequence
+    /// Whether this host still holds the partition. Asked after the stream's last message
     /// has been read, so a holder that says yes has not been fenced before that read.
     /// `Ok(false)` fences the log for good; `Err` is retried.
     async fn holds(&self) -> Result<bool, String>;
@@ -79,6 +82,9 @@ impl StreamSpec {
 /// A log over JetStream streams.
 #[derive(Debug)]
 pub struct JetStreamLog {
+    /// For publishes: their acknowledgements wait the client's default time.
+    context: jetstream::Context,
+    authority: Option<Arc<dyn Authority>>,
     /// The connection's context with a timeout of [`CONSUMER_WITHIN`], for requests that are retried or
     /// have a way around: replay consumers, stream info, purges. (The default, 10 s, is
     /// what a request to a stream whose leader just died waits for nothing.)
@@ -91,14 +97,20 @@ struct Partition {
     spec: StreamSpec,
     /// After a replay consumer could not be created: reads go record by record until then.
     one_by_one_until: std::sync::Mutex<Option<Instant>>,
-    appends: mpsc::UnboundedSender<Append>,
-    fenced: Arc<AtomicBool>,
+    /// Publishes take their place in the chain under this lock.
+    chain: tokio::sync::Mutex<Chain>,
+    fenced: AtomicBool,
 }
 
-struct Append {
-    id: String,
-    payload: Bytes,
-    done: oneshot::Sender<Result<Offset, LogError>>,
+/// Where a partition's writes stand.
+#[derive(Debug)]
+struct Chain {
+    /// Fenced logs: the id of the message the next publish expects to follow (this host's
+    /// previous publish, or its fence).
+    expected: Option<String>,
+    /// Moves at each resync: a writer whose publish failed resyncs only if no other writer
+    /// has since it published.
+    generation: u64,
 }
 
 fn io(context: impl Into<String>, error: impl fmt::Display) -> LogError {
@@ -136,16 +148,29 @@ pub(crate) async fn retrying<T, E: fmt::Display, F: Future<Output = Result<T, E>
     }
 }
 
-/// The sequence of the last message `stream` holds (0: none ever).
-async fn last_sequence(context: &jetstream::Context, name: &str) -> Result<u64, LogError> {
+/// The `Nats-Msg-Id` of the last message `name` holds: `None` when it holds none.
+async fn last_message_id(
+    context: &jetstream::Context,
+    name: &str,
+) -> Result<Option<String>, LogError> {
     let mut quick = context.clone();
     quick.set_timeout(CONSUMER_WITHIN);
-    let info = retrying(&format!("{name}: reading its last sequence"), || async {
+    retrying(&format!("{name}: reading its last message"), || async {
         let stream = quick.get_stream_no_info(name).await?;
-        stream.get_info().await.map_err(async_nats::Error::from)
+        let last = stream.get_info().await?.state.last_sequence;
+        if last == 0 {
+            return Ok(None);
+        }
+        match stream.get_raw_message(last).await {
+            Ok(message) => Ok(message
+                .headers
+                .get(async_nats::header::NATS_MESSAGE_ID)
+                .map(|id| id.as_str().to_owned())),
+            // Purged since (only retention purges, and never the last): read again.
+            Err(e) => Err(async_nats::Error::from(e)),
+        }
     })
-    .await?;
-    Ok(info.state.last_sequence)
+    .await
 }
 
 /// Connects to NATS at `urls` (one URL, or several separated by commas: the nodes of a
@@ -195,38 +220,35 @@ impl JetStreamLog {
                 name: spec.name.clone(),
                 subjects: vec![spec.subject.clone(), spec.fence_subject()],
                 num_replicas: spec.replicas,
+                duplicate_window: DUPLICATE_WINDOW,
                 ..stream::Config::default()
             };
             retrying(&format!("creating stream {}", spec.name), || {
                 context.get_or_create_stream(config.clone())
             })
             .await?;
-            let fenced = Arc::new(AtomicBool::new(false));
             let expected = match &authority {
                 Some(authority) => Some(fence(&context, &spec, &**authority).await?),
                 None => None,
             };
-            let (appends, queue) = mpsc::unbounded_channel();
-            tokio::spawn(
-                Writer {
-                    context: context.clone(),
-                    spec: spec.clone(),
-                    authority: authority.clone(),
-                    expected,
-                    fenced: Arc::clone(&fenced),
-                }
-                .run(queue),
-            );
             partitions.push(Partition {
                 spec,
                 one_by_one_until: std::sync::Mutex::new(None),
-                appends,
-                fenced,
+                chain: tokio::sync::Mutex::new(Chain {
+                    expected,
+                    generation: 0,
+                }),
+                fenced: AtomicBool::new(false),
             });
         }
         let mut quick = context.clone();
         quick.set_timeout(CONSUMER_WITHIN);
-        Ok(Self { quick, partitions })
+        Ok(Self {
+            context,
+            quick,
+            authority,
+            partitions,
+        })
     }
 
     /// Up to `max` records of `spec`'s stream from offset `from`, through an ordered
@@ -322,6 +344,118 @@ impl JetStreamLog {
         Ok(records)
     }
 
+    /// Publishes `payload` with its id, taking its place in the partition's chain. Returns
+    /// the acknowledgement to await and the chain's generation it was published in.
+    async fn publish(
+        &self,
+        partition: &Partition,
+        id: &str,
+        payload: &Bytes,
+    ) -> Result<(Result<PublishAckFuture, PublishError>, u64), LogError> {
+        if partition.fenced.load(Ordering::Acquire) {
+            return Err(self.fenced_error(partition));
+        }
+        if self.authority.is_none() {
+            // No chain to keep: publishes need no order among themselves.
+            let message = PublishMessage::build()
+                .payload(payload.clone())
+                .message_id(id);
+            let ack = self
+                .context
+                .send_publish(partition.spec.subject.clone(), message)
+                .await;
+            return Ok((ack, 0));
+        }
+        let mut chain = partition.chain.lock().await;
+        let mut message = PublishMessage::build()
+            .payload(payload.clone())
+            .message_id(id);
+        if let Some(expected) = &mut chain.expected {
+            message = message.expected_last_message_id(&*expected);
+            id.clone_into(expected);
+        }
+        let ack = self
+            .context
+            .send_publish(partition.spec.subject.clone(), message)
+            .await;
+        Ok((ack, chain.generation))
+    }
+
+    /// Awaits a publish's acknowledgement, retrying the publish (same id) until it lands,
+    /// the log is fenced, or [`RETRY_FOR`] has passed since `started`.
+    async fn settle(
+        &self,
+        partition: &Partition,
+        id: &str,
+        payload: &Bytes,
+        mut ack: Result<PublishAckFuture, PublishError>,
+        mut generation: u64,
+        started: Instant,
+    ) -> Result<Offset, LogError> {
+        let mut attempt = 0;
+        loop {
+            let error = match ack {
+                Ok(future) => match future.await {
+                    // A retry of a publish that landed gets the original sequence.
+                    Ok(ack) => return Ok(ack.sequence - 1),
+                    Err(error) => error,
+                },
+                Err(error) => error,
+            };
+            if started.elapsed() >= RETRY_FOR {
+                return Err(io(
+                    format!(
+                        "appending to {} (retried for {RETRY_FOR:?})",
+                        partition.spec.subject
+                    ),
+                    error,
+                ));
+            }
+            attempt += 1;
+            tracing::debug!(stream = %partition.spec.name, attempt, "append failed: {error}; retrying");
+            // A refusal for a wrong last message is answered at once: the chain broke (a
+            // publish before it failed) or the partition is someone else's now.
+            if error.kind() != PublishErrorKind::WrongLastMessageId {
+                tokio::time::sleep(backoff(attempt)).await;
+            }
+            self.resync(partition, generation).await?;
+            (ack, generation) = self.publish(partition, id, payload).await?;
+        }
+    }
+
+    /// A fenced writer whose publish in `generation` failed: unless another writer has
+    /// resynced since, reads the id of the stream's last message and goes on from it if this host
+    /// still holds the partition, or fences the log for good if not.
+    async fn resync(&self, partition: &Partition, generation: u64) -> Result<(), LogError> {
+        let mut chain = partition.chain.lock().await;
+        if chain.generation != generation {
+            return Ok(());
+        }
+        chain.generation += 1;
+        let Some(authority) = &self.authority else {
+            return Ok(());
+        };
+        let last = last_message_id(&self.context, &partition.spec.name).await?;
+        let holds = retrying(
+            &format!("{}: asking for the lease", partition.spec.name),
+            || authority.holds(),
+        )
+        .await?;
+        if !holds {
+            tracing::warn!(stream = %partition.spec.name, "fenced: another host holds the partition");
+            partition.fenced.store(true, Ordering::Release);
+            return Err(self.fenced_error(partition));
+        }
+        chain.expected = last;
+        Ok(())
+    }
+
+    fn fenced_error(&self, partition: &Partition) -> LogError {
+        LogError::Fenced {
+            stream: partition.spec.name.clone(),
+        }
+    }
+
     fn partition(&self, partition: u32) -> Result<&Partition, LogError> {
         self.partitions
             .get(partition as usize)
@@ -332,169 +466,37 @@ impl JetStreamLog {
     }
 }
 
-/// Fences `spec`'s stream: publishes a fence message expecting the last sequence read
-/// while `authority` held the partition. Returns the sequence the fence got, which the
-/// next write expects.
+/// Fences `spec`'s stream: publishes a fence message, once `authority` says this host
+/// holds the partition. Returns the fence's id, which the next write expects as the last.
 async fn fence(
     context: &jetstream::Context,
     spec: &StreamSpec,
     authority: &dyn Authority,
-) -> Result<u64, LogError> {
-    let started = Instant::now();
-    let mut attempt = 0;
-    loop {
-        let last = last_sequence(context, &spec.name).await?;
-        let holds = retrying(&format!("{}: asking for the lease", spec.name), || {
-            authority.holds()
-        })
-        .await?;
-        if !holds {
-            return Err(LogError::Fenced {
-                stream: spec.name.clone(),
-            });
-        }
-        let publish = PublishMessage::build()
+) -> Result<String, LogError> {
+    let holds = retrying(&format!("{}: asking for the lease", spec.name), || {
+        authority.holds()
+    })
+    .await?;
+    if !holds {
+        return Err(LogError::Fenced {
+            stream: spec.name.clone(),
+        });
+    }
+    // Unconditional: it needs no quiet moment to land (an earlier holder may be writing
+    // without pause), and whatever that holder sends after it expects one of its own
+    // messages to be the last, which none will be again.
+    let id = format!("fence-{:032x}", rand::random::<u128>());
+    retrying(&format!("{}: fencing", spec.name), || async {
+        let message = PublishMessage::build()
             .payload(Bytes::new())
-            .expected_last_sequence(last);
-        let result = match context.send_publish(spec.fence_subject(), publish).await {
-            Ok(ack) => ack.await,
-            Err(error) => Err(error),
-        };
-        match result {
-            Ok(ack) => return Ok(ack.sequence),
-            Err(error) if started.elapsed() >= RETRY_FOR => {
-                return Err(io(format!("{}: fencing", spec.name), error));
-            }
-            Err(error) => {
-                attempt += 1;
-                tracing::debug!(stream = %spec.name, attempt, "fencing: {error}; retrying");
-                tokio::time::sleep(backoff(attempt)).await;
-            }
-        }
-    }
-}
-
-/// A partition's writer: the only task that publishes to its stream.
-struct Writer {
-    context: jetstream::Context,
-    spec: StreamSpec,
-    authority: Option<Arc<dyn Authority>>,
-    /// Fenced logs: the sequence the stream's last message has before the next publish.
-    expected: Option<u64>,
-    fenced: Arc<AtomicBool>,
-}
-
-impl Writer {
-    async fn run(mut self, mut queue: mpsc::UnboundedReceiver<Append>) {
-        let mut batch = Vec::new();
-        while queue.recv_many(&mut batch, MAX_BATCH).await > 0 {
-            self.write(std::mem::take(&mut batch)).await;
-        }
-    }
-
-    fn fenced_error(&self) -> LogError {
-        LogError::Fenced {
-            stream: self.spec.name.clone(),
-        }
-    }
-
-    /// Publishes `batch` in order, retrying what fails until it lands, the log is fenced,
-    /// or [`RETRY_FOR`] has passed.
-    async fn write(&mut self, mut batch: Vec<Append>) {
-        let started = Instant::now();
-        let mut attempt = 0;
-        loop {
-            if self.fenced.load(Ordering::Acquire) {
-                for append in batch {
-                    let _ = append.done.send(Err(self.fenced_error()));
-                }
-                return;
-            }
-            let mut acks = Vec::with_capacity(batch.len());
-            for append in &batch {
-                let mut publish = PublishMessage::build()
-                    .payload(append.payload.clone())
-                    .message_id(&append.id);
-                if let Some(expected) = &mut self.expected {
-                    publish = publish.expected_last_sequence(*expected);
-                    *expected += 1;
-                }
-                acks.push(
-                    self.context
-                        .send_publish(self.spec.subject.clone(), publish)
-                        .await,
-                );
-            }
-            let mut failed = Vec::new();
-            let mut refused = false;
-            let mut last_error = None;
-            for (append, ack) in batch.into_iter().zip(acks) {
-                let result = match ack {
-                    Ok(ack) => ack.await,
-                    Err(error) => Err(error),
-                };
-                match result {
-                    Ok(ack) => {
-                        let _ = append.done.send(Ok(ack.sequence - 1));
-                    }
-                    Err(error) => {
-                        refused |= error.kind() == PublishErrorKind::WrongLastSequence;
-                        last_error = Some(error.to_string());
-                        failed.push(append);
-                    }
-                }
-            }
-            if failed.is_empty() {
-                return;
-            }
-            batch = failed;
-            if started.elapsed() >= RETRY_FOR {
-                let error = last_error.unwrap_or_default();
-                for append in batch {
-                    let context = format!(
-                        "appending to {} (retried for {RETRY_FOR:?})",
-                        self.spec.subject
-                    );
-                    let _ = append.done.send(Err(io(context, &error)));
-                }
-                return;
-            }
-            attempt += 1;
-            tracing::debug!(stream = %self.spec.name, attempt, "append failed: {last_error:?}; retrying");
-            if !refused {
-                tokio::time::sleep(backoff(attempt)).await;
-            }
-            if let Err(error) = self.resync().await {
-                for append in batch {
-                    let _ = append.done.send(Err(io(
-                        format!("{}: after a failed append", self.spec.name),
-                        &error,
-                    )));
-                }
-                return;
-            }
-        }
-    }
-
-    /// A fenced writer whose chain broke: reads the stream's last sequence, then goes on
-    /// from it if this host still holds the partition, or fences the log if not.
-    async fn resync(&mut self) -> Result<(), LogError> {
-        let Some(authority) = &self.authority else {
-            return Ok(());
-        };
-        let last = last_sequence(&self.context, &self.spec.name).await?;
-        let holds = retrying(&format!("{}: asking for the lease", self.spec.name), || {
-            authority.holds()
-        })
-        .await?;
-        if holds {
-            self.expected = Some(last);
-        } else {
-            tracing::warn!(stream = %self.spec.name, "fenced: another host holds the partition");
-            self.fenced.store(true, Ordering::Release);
-        }
-        Ok(())
-    }
+            .message_id(&id);
+        context
+            .send_publish(spec.fence_subject(), message)
+            .await?
+            .await
+    })
+    .await?;
+    Ok(id)
 }
 
 #[async_trait]
@@ -505,44 +507,30 @@ impl Log for JetStreamLog {
 
     async fn append(&self, partition: u32, payload: Vec<u8>) -> Result<Offset, LogError> {
         let partition = self.partition(partition)?;
-        if partition.fenced.load(Ordering::Acquire) {
-            return Err(LogError::Fenced {
-                stream: partition.spec.name.clone(),
-            });
-        }
-        let (done, offset) = oneshot::channel();
-        let append = Append {
-            id: format!("{:032x}", rand::random::<u128>()),
-            payload: Bytes::from(payload),
-            done,
-        };
-        partition
-            .appends
-            .send(append)
-            .map_err(|_| LogError::Closed)?;
-        offset.await.map_err(|_| LogError::Closed)?
+        let id = format!("{:032x}", rand::random::<u128>());
+        let payload = Bytes::from(payload);
+        let (ack, generation) = self.publish(partition, &id, &payload).await?;
+        self.settle(partition, &id, &payload, ack, generation, Instant::now())
+            .await
     }
 
     async fn append_many(&self, records: Vec<(u32, Vec<u8>)>) -> Result<Vec<Offset>, LogError> {
-        // Queued all at once, so that each partition's writer publishes them together.
-        let mut waiting = Vec::with_capacity(records.len());
+        // Every record is published before any acknowledgement is awaited.
+        let mut published = Vec::with_capacity(records.len());
         for (partition, payload) in records {
             let partition = self.partition(partition)?;
-            let (done, offset) = oneshot::channel();
-            let append = Append {
-                id: format!("{:032x}", rand::random::<u128>()),
-                payload: Bytes::from(payload),
-                done,
-            };
-            partition
-                .appends
-                .send(append)
-                .map_err(|_| LogError::Closed)?;
-            waiting.push(offset);
+            let id = format!("{:032x}", rand::random::<u128>());
+            let payload = Bytes::from(payload);
+            let (ack, generation) = self.publish(partition, &id, &payload).await?;
+            published.push((partition, id, payload, ack, generation));
         }
-        let mut offsets = Vec::with_capacity(waiting.len());
-        for offset in waiting {
-            offsets.push(offset.await.map_err(|_| LogError::Closed)??);
+        let started = Instant::now();
+        let mut offsets = Vec::with_capacity(published.len());
+        for (partition, id, payload, ack, generation) in published {
+            offsets.push(
+                self.settle(partition, &id, &payload, ack, generation, started)
+                    .await?,
+            );
         }
         Ok(offsets)
     }

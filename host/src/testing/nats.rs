@@ -41,9 +41,21 @@ fn program() -> &'static str {
         .unwrap_or("nats-server")
 }
 
-fn free_port() -> anyhow::Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+/// `count` distinct free ports: each held until all are chosen, so that none is handed
+/// out twice. (Another process may still take one before a server binds it: starting
+/// retries with new ports.)
+fn free_ports(count: usize) -> anyhow::Result<Vec<u16>> {
+    let listeners = (0..count)
+        .map(|_| TcpListener::bind("127.0.0.1:0"))
+        .collect::<std::io::Result<Vec<_>>>()?;
+    listeners
+        .iter()
+        .map(|l| Ok(l.local_addr()?.port()))
+        .collect()
 }
+
+/// Attempts at starting the servers, each with new ports.
+const START_ATTEMPTS: usize = 3;
 
 impl NatsServers {
     /// One node with JetStream.
@@ -57,10 +69,25 @@ impl NatsServers {
     }
 
     fn start_nodes(count: usize) -> anyhow::Result<Self> {
+        let mut attempt = 1;
+        loop {
+            match Self::try_start_nodes(count) {
+                Ok(servers) => return Ok(servers),
+                Err(e) if attempt < START_ATTEMPTS => {
+                    tracing::warn!("starting nats-server (attempt {attempt}): {e:#}");
+                    attempt += 1;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    fn try_start_nodes(count: usize) -> anyhow::Result<Self> {
         let dir = tempfile::tempdir().context("a directory for the NATS servers")?;
-        let ports = (0..count)
-            .map(|_| Ok((free_port()?, free_port()?, free_port()?)))
-            .collect::<anyhow::Result<Vec<_>>>()?;
+        let ports: Vec<(u16, u16, u16)> = free_ports(3 * count)?
+            .chunks(3)
+            .map(|p| (p[0], p[1], p[2]))
+            .collect();
         let mut nodes = Vec::with_capacity(count);
         for (i, &(port, cluster_port, monitor_port)) in ports.iter().enumerate() {
             let name = format!("n{}", i + 1);

@@ -78,6 +78,19 @@ impl Host {
     fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
+
+    /// Waits until the host has joined (its streams exist).
+    async fn joined(&self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !self.log().contains("joined") {
+            assert!(
+                Instant::now() < deadline,
+                "the host never joined:\n{}",
+                self.log()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
 }
 
 impl Drop for Host {
@@ -229,6 +242,15 @@ async fn two_hosts_one_killed_every_output_once_and_every_call_once() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     let b = Host::start(dir.path(), &url, "b", 1, 1_500);
 
+    a.joined().await;
+    // A message on an input subject that is not an input is skipped; the partition goes on.
+    let client = connect_nats(&url).await.expect("connects");
+    async_nats::jetstream::new(client)
+        .publish("t.in.default.billing.0", "not an input".into())
+        .await
+        .expect("publish")
+        .await
+        .expect("ack");
     let inputs = 90;
     let publisher = tokio::spawn(publish(
         url.clone(),
@@ -270,9 +292,14 @@ async fn a_paused_host_past_its_lease_cannot_write_when_it_wakes() {
     // A is paused while serving a call of the next inputs, after the remote had its effect.
     *remote.pause_during.lock().expect("lock") = Some((remote.total() + 3, a.pid()));
     publish(url.clone(), 1, 12..24, Duration::ZERO).await;
-    let deadline = Instant::now() + Duration::from_secs(30);
+    let deadline = Instant::now() + Duration::from_secs(60);
     while remote.pause_during.lock().expect("lock").is_some() {
-        assert!(Instant::now() < deadline, "A was never paused");
+        assert!(
+            Instant::now() < deadline,
+            "A was never paused ({} requests):\n{}",
+            remote.total(),
+            a.log()
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     // B takes every partition over once A's leases expire, and finishes the inputs.
@@ -359,4 +386,37 @@ async fn the_host_carries_on_across_a_nats_server_restart() {
         "the host kept its partitions:\n{log}"
     );
     host.stop();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_that_disagrees_on_the_partitions_is_refused() {
+    let servers = NatsServers::single().expect("nats-server starts");
+    let url = servers.url();
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_agent(dir.path(), "http://127.0.0.1:9/charge");
+    let first = Host::start(dir.path(), &url, "a", 1, 1_000);
+    first.joined().await;
+    let second = Command::new(env!("CARGO_BIN_EXE_rewind"))
+        .arg("--cache-dir")
+        .arg(workspace_root().join("target").join("rewind-test-cache"))
+        .args(["cluster", "run"])
+        .arg(dir.path().join("agent.toml"))
+        .args([
+            "--nats",
+            &url,
+            "--prefix",
+            "t",
+            "--host",
+            "b",
+            "--partitions",
+            "8",
+        ])
+        .output()
+        .expect("rewind runs");
+    let stderr = String::from_utf8_lossy(&second.stderr);
+    assert!(!second.status.success(), "refused");
+    assert!(
+        stderr.contains("has 4 partitions") && stderr.contains("started with 8"),
+        "the error names both counts: {stderr}"
+    );
 }

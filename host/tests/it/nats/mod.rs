@@ -47,6 +47,7 @@ mod store {
 
 mod cluster;
 mod fencing;
+mod leases;
 
 /// The checkpoint store's conformance suite over a JetStream stream.
 mod checkpoints {

@@ -1,0 +1,229 @@
+//! Issue #7's figures: durable calls over the JetStream log, beside raw JetStream
+//! publish-acks of the same run, on one node and on a 3-node cluster with 3 replicas (all on
+//! loopback). A bench binary (not criterion): each figure is one measured run.
+//!
+//! `cargo bench -p rewind-host --bench jetstream`; results in BENCHMARKS.md.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream::message::PublishMessage;
+use async_nats::jetstream::{self, stream};
+use async_trait::async_trait;
+use bytes::Bytes;
+use rewind_host::event::Event;
+use rewind_host::functions::Functions;
+use rewind_host::log::{Authority, JetStreamLog, Log, StreamSpec, connect_nats};
+use rewind_host::store::{ActionState, ActionStateStore, LogStore, MarkerStrategy};
+use rewind_host::testing::nats::NatsServers;
+
+use common::{calls as calls_of, calls_per_second_64_keys, key, noop_functions};
+
+mod common;
+
+const PARTITIONS: u32 = 8;
+const SAMPLES: usize = 500;
+const PER_KEY: u64 = 400;
+
+/// This host holds every partition: the fenced log's checks run, and always pass.
+#[derive(Debug)]
+struct Holder;
+
+#[async_trait]
+impl Authority for Holder {
+    async fn holds(&self) -> Result<bool, String> {
+        Ok(true)
+    }
+}
+
+fn median(mut samples: Vec<Duration>) -> Duration {
+    samples.sort_unstable();
+    samples[samples.len() / 2]
+}
+
+fn specs(prefix: &str, replicas: usize) -> Vec<StreamSpec> {
+    (0..PARTITIONS)
+        .map(|p| StreamSpec {
+            name: format!("{prefix}-{p}"),
+            subject: format!("{prefix}.{p}"),
+            replicas,
+        })
+        .collect()
+}
+
+/// A fenced JetStream log of [`PARTITIONS`] streams, as a cluster host has.
+async fn fenced_log(context: &jetstream::Context, prefix: &str, replicas: usize) -> Arc<dyn Log> {
+    let log = JetStreamLog::open(
+        context.clone(),
+        specs(prefix, replicas),
+        Some(Arc::new(Holder)),
+    )
+    .await
+    .expect("log");
+    Arc::new(log)
+}
+
+/// A store over a [`fenced_log`].
+async fn open_store(
+    context: &jetstream::Context,
+    prefix: &str,
+    replicas: usize,
+) -> Arc<dyn ActionStateStore> {
+    let log = fenced_log(context, prefix, replicas).await;
+    Arc::new(LogStore::new(log, MarkerStrategy::Offsets))
+}
+
+/// The size of what a durable call writes: a state with one call recorded.
+const STATE_BYTES: usize = 300;
+
+/// Medians of a raw publish and its acknowledgement, and of a live durable call (no-op
+/// handler, one key) on the store, sampled alternately so that both see the same cluster.
+async fn latencies(
+    context: &jetstream::Context,
+    store: &Arc<dyn ActionStateStore>,
+    functions: &Arc<Functions>,
+    prefix: &str,
+    replicas: usize,
+) -> (Duration, Duration) {
+    create_streams(context, prefix, replicas).await;
+    let payload = Bytes::from(vec![7u8; STATE_BYTES]);
+    let (mut raw, mut calls) = (Vec::with_capacity(SAMPLES), Vec::with_capacity(SAMPLES));
+    for n in 0..SAMPLES as u64 {
+        let started = Instant::now();
+        context
+            .publish(format!("{prefix}.0"), payload.clone())
+            .await
+            .expect("publish")
+            .await
+            .expect("ack");
+        raw.push(started.elapsed());
+
+        let state = ActionState::new(key("one", n), Event::new("input", "{}"));
+        let mut run = calls_of(store, functions, state);
+        let started = Instant::now();
+        let result = run.call("noop", r#"{"q":"where is my order?"}"#).await;
+        calls.push(started.elapsed());
+        assert!(matches!(result, Ok(Ok(_))));
+    }
+    (median(raw), median(calls))
+}
+
+/// Raw publish-acks per second from 64 publishers, each waiting for its ack before its
+/// next publish, over [`PARTITIONS`] streams.
+async fn raw_throughput(
+    context: &jetstream::Context,
+    prefix: &str,
+    replicas: usize,
+    with_ids: bool,
+) -> f64 {
+    create_streams(context, prefix, replicas).await;
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for k in 0..64u64 {
+        let context = context.clone();
+        let subject = format!("{prefix}.{}", k % u64::from(PARTITIONS));
+        tasks.push(tokio::spawn(async move {
+            let payload = Bytes::from(vec![7u8; STATE_BYTES]);
+            for _ in 0..PER_KEY {
+                let mut message = PublishMessage::build().payload(payload.clone());
+                if with_ids {
+                    message = message.message_id(format!("{:032x}", rand::random::<u128>()));
+                }
+                context
+                    .send_publish(subject.clone(), message)
+                    .await
+                    .expect("publish")
+                    .await
+                    .expect("ack");
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.expect("task");
+    }
+    (64 * PER_KEY) as f64 / started.elapsed().as_secs_f64()
+}
+
+async fn create_streams(context: &jetstream::Context, prefix: &str, replicas: usize) {
+    for spec in specs(prefix, replicas) {
+        context
+            .get_or_create_stream(stream::Config {
+                name: spec.name,
+                subjects: vec![spec.subject],
+                num_replicas: replicas,
+                duplicate_window: Duration::from_secs(40),
+                ..stream::Config::default()
+            })
+            .await
+            .expect("stream");
+    }
+}
+
+/// Appends per second to a fenced log from 64 tasks, over [`PARTITIONS`] streams: the log
+/// alone, without the durable call around it.
+async fn log_appends(context: &jetstream::Context, prefix: &str, replicas: usize) -> f64 {
+    let log = fenced_log(context, prefix, replicas).await;
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for k in 0..64u32 {
+        let log = Arc::clone(&log);
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..PER_KEY {
+                log.append(k % PARTITIONS, vec![7u8; STATE_BYTES])
+                    .await
+                    .expect("append");
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.expect("task");
+    }
+    (64 * PER_KEY) as f64 / started.elapsed().as_secs_f64()
+}
+
+fn main() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let functions = noop_functions();
+    runtime.block_on(async {
+        for (setup, nodes, replicas) in [("one node", 1, 1), ("3 nodes, R3", 3, 3)] {
+            let servers = if nodes == 1 {
+                NatsServers::single()
+            } else {
+                NatsServers::cluster(nodes)
+            }
+            .expect("nats-server starts");
+            let context = jetstream::new(connect_nats(&servers.url()).await.expect("connects"));
+            let store = open_store(&context, "calls", replicas).await;
+            // Warm up first: a cluster just started is still settling its leaders.
+            latencies(&context, &store, &functions, "raw", replicas).await;
+            let (raw, call) = latencies(&context, &store, &functions, "raw", replicas).await;
+            println!("{setup}: raw publish-ack, median of {SAMPLES}:          {raw:>10.1?}");
+            println!(
+                "{setup}: live durable call, one key, median:      {call:>10.1?}  ({:.2}x raw)",
+                call.as_secs_f64() / raw.as_secs_f64()
+            );
+            let raw_rate = raw_throughput(&context, "raw64", replicas, false).await;
+            let id_rate = raw_throughput(&context, "raw64ids", replicas, true).await;
+            let appends = log_appends(&context, "appends", replicas).await;
+            let store = open_store(&context, "calls64", replicas).await;
+            let rate = calls_per_second_64_keys(&store, &functions, PER_KEY).await;
+            println!("{setup}: raw publish-acks, 64 publishers:        {raw_rate:>10.0} /s");
+            println!(
+                "{setup}: the same with Nats-Msg-Id:               {id_rate:>10.0} /s  ({:.2}x raw's time)",
+                raw_rate / id_rate
+            );
+            println!(
+                "{setup}: fenced log appends, 64 tasks:            {appends:>10.0} /s  ({:.2}x raw's time)",
+                raw_rate / appends
+            );
+            println!(
+                "{setup}: durable calls, 64 keys:                  {rate:>10.0} /s  ({:.2}x raw's time)",
+                raw_rate / rate
+            );
+        }
+    });
+}
