@@ -87,7 +87,11 @@ impl Leases {
             max_messages_per_subject: 1,
             allow_rollup: true,
             deny_delete: true,
-            allow_direct: true,
+            // Reads go to the bucket's leader: a direct get may be answered by a replica
+            // that has not yet applied a takeover, and a former holder asking whether it
+            // still holds its partition (after reading a stream the new holder has already
+            // fenced) would hear yes.
+            allow_direct: false,
             discard: stream::DiscardPolicy::New,
             num_replicas: replicas,
             ..stream::Config::default()
