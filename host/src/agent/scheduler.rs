@@ -472,7 +472,16 @@ impl<S: OutputSink> Run<'_, S> {
     async fn record(&mut self, input: &Input, report: InputReport) -> std::io::Result<()> {
         self.changed = true;
         let summary = &mut self.summary;
-        for output in &report.outputs {
+        // Only a completed input's outputs: a failed one stays pending, and when it runs
+        // again its completed actions are re-applied and give the same outputs then. (Written
+        // now, they would be past the next checkpoint's output position, where a sink that
+        // resumes from it could not know them, and written twice.)
+        let outputs = if report.error.is_none() {
+            &report.outputs[..]
+        } else {
+            &[]
+        };
+        for output in outputs {
             if self.sink.write(output).await? {
                 summary.outputs += 1;
             } else {

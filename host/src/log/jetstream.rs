@@ -40,9 +40,9 @@ use futures_util::StreamExt;
 
 use super::{Log, LogError, Offset, Record};
 
-/// How long JetStream remembers a `Nats-Msg-Id`: longer than an append is retried. (The
-/// default, two minutes, keeps a map of ids four times as large for nothing.)
-const DUPLICATE_WINDOW: Duration = Duration::from_secs(40);
+/// How long JetStream remembers a `Nats-Msg-Id` (its default): well beyond the time an
+/// append is retried, so that a retry of a publish that landed is always known.
+const DUPLICATE_WINDOW: Duration = Duration::from_secs(120);
 
 /// How long an operation is retried (the server restarting, a cluster electing a leader)
 /// before it fails.
@@ -466,22 +466,15 @@ impl JetStreamLog {
     }
 }
 
-/// Fences `spec`'s stream: publishes a fence message, once `authority` says this host
-/// holds the partition. Returns the fence's id, which the next write expects as the last.
+/// Fences `spec`'s stream: publishes a fence message, then asks `authority` whether this
+/// host holds the partition (after, not before: a fence retried past a takeover would
+/// otherwise land after the new holder's and reopen this host's chain). Returns the
+/// fence's id, which the next write expects as the last.
 async fn fence(
     context: &jetstream::Context,
     spec: &StreamSpec,
     authority: &dyn Authority,
 ) -> Result<String, LogError> {
-    let holds = retrying(&format!("{}: asking for the lease", spec.name), || {
-        authority.holds()
-    })
-    .await?;
-    if !holds {
-        return Err(LogError::Fenced {
-            stream: spec.name.clone(),
-        });
-    }
     // Unconditional: it needs no quiet moment to land (an earlier holder may be writing
     // without pause), and whatever that holder sends after it expects one of its own
     // messages to be the last, which none will be again.
@@ -496,6 +489,15 @@ async fn fence(
             .await
     })
     .await?;
+    let holds = retrying(&format!("{}: asking for the lease", spec.name), || {
+        authority.holds()
+    })
+    .await?;
+    if !holds {
+        return Err(LogError::Fenced {
+            stream: spec.name.clone(),
+        });
+    }
     Ok(id)
 }
 
