@@ -9,13 +9,12 @@ use std::time::{Duration, Instant};
 
 use async_nats::jetstream::message::PublishMessage;
 use async_nats::jetstream::{self, stream};
-use async_trait::async_trait;
 use bytes::Bytes;
 use rewind_host::event::Event;
 use rewind_host::functions::Functions;
-use rewind_host::log::{Authority, JetStreamLog, Log, StreamSpec, connect_nats};
+use rewind_host::log::{JetStreamLog, Log, StreamSpec, connect_nats};
 use rewind_host::store::{ActionState, ActionStateStore, LogStore, MarkerStrategy};
-use rewind_host::testing::nats::NatsServers;
+use rewind_host::testing::nats::{NatsServers, SoleHolder};
 
 use common::{calls as calls_of, calls_per_second_64_keys, key, noop_functions};
 
@@ -25,17 +24,6 @@ const PARTITIONS: u32 = 8;
 const SAMPLES: usize = 500;
 const PER_KEY: u64 = 400;
 
-/// This host holds every partition: the fenced log's checks run, and always pass.
-#[derive(Debug)]
-struct Holder;
-
-#[async_trait]
-impl Authority for Holder {
-    async fn holds(&self) -> Result<bool, String> {
-        Ok(true)
-    }
-}
-
 fn median(mut samples: Vec<Duration>) -> Duration {
     samples.sort_unstable();
     samples[samples.len() / 2]
@@ -43,11 +31,7 @@ fn median(mut samples: Vec<Duration>) -> Duration {
 
 fn specs(prefix: &str, replicas: usize) -> Vec<StreamSpec> {
     (0..PARTITIONS)
-        .map(|p| StreamSpec {
-            name: format!("{prefix}-{p}"),
-            subject: format!("{prefix}.{p}"),
-            replicas,
-        })
+        .map(|p| StreamSpec::new(format!("{prefix}-{p}"), format!("{prefix}.{p}"), replicas))
         .collect()
 }
 
@@ -56,7 +40,7 @@ async fn fenced_log(context: &jetstream::Context, prefix: &str, replicas: usize)
     let log = JetStreamLog::open(
         context.clone(),
         specs(prefix, replicas),
-        Some(Arc::new(Holder)),
+        Some(Arc::new(SoleHolder)),
     )
     .await
     .expect("log");

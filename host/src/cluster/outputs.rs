@@ -18,11 +18,11 @@ use crate::log::{Log, StreamSpec};
 
 impl Layout {
     pub fn output_stream(&self, partition: u32) -> StreamSpec {
-        StreamSpec {
-            name: format!("{}-out-{partition}", self.prefix),
-            subject: format!("{}.out.{partition}", self.prefix),
-            replicas: self.replicas,
-        }
+        StreamSpec::new(
+            format!("{}-out-{partition}", self.prefix),
+            format!("{}.out.{partition}", self.prefix),
+            self.replicas,
+        )
     }
 }
 

@@ -19,19 +19,19 @@ use crate::store::LogStore;
 
 impl Layout {
     pub fn state_stream(&self, partition: u32) -> StreamSpec {
-        StreamSpec {
-            name: format!("{}-state-{partition}", self.prefix),
-            subject: format!("{}.state.{partition}", self.prefix),
-            replicas: self.replicas,
-        }
+        StreamSpec::new(
+            format!("{}-state-{partition}", self.prefix),
+            format!("{}.state.{partition}", self.prefix),
+            self.replicas,
+        )
     }
 
     pub fn checkpoint_stream(&self, partition: u32) -> StreamSpec {
-        StreamSpec {
-            name: format!("{}-checkpoints-{partition}", self.prefix),
-            subject: format!("{}.checkpoints.{partition}", self.prefix),
-            replicas: self.replicas,
-        }
+        StreamSpec::new(
+            format!("{}-checkpoints-{partition}", self.prefix),
+            format!("{}.checkpoints.{partition}", self.prefix),
+            self.replicas,
+        )
     }
 }
 

@@ -11,6 +11,21 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
+use async_trait::async_trait;
+
+use crate::log::Authority;
+
+/// The only host there is: it holds every partition, so a fenced log's checks run and
+/// always pass.
+#[derive(Debug)]
+pub struct SoleHolder;
+
+#[async_trait]
+impl Authority for SoleHolder {
+    async fn holds(&self) -> Result<bool, String> {
+        Ok(true)
+    }
+}
 
 /// How long a node may take to answer that it is healthy (JetStream ready, a cluster's
 /// meta leader elected).
@@ -137,6 +152,11 @@ impl NatsServers {
             .map(|node| format!("nats://127.0.0.1:{}", node.port))
             .collect::<Vec<_>>()
             .join(",")
+    }
+
+    /// The server name of `node` (what stream info gives as a leader or replica).
+    pub fn name(&self, node: usize) -> &str {
+        &self.nodes[node].name
     }
 
     /// The process id of `node`, while it runs.

@@ -5,8 +5,11 @@ use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use async_nats::jetstream::message::PublishMessage;
 use async_trait::async_trait;
-use rewind_host::log::{Authority, JetStreamLog, Log, LogError, StreamSpec, connect_nats};
+use rewind_host::log::{
+    Authority, IN_FLIGHT, JetStreamLog, Log, LogError, StreamSpec, connect_nats,
+};
 use rewind_host::testing::nats::NatsServers;
 
 /// Who holds the partition, as a lease bucket would say.
@@ -28,11 +31,7 @@ impl Authority for Host {
 }
 
 fn streams() -> Vec<StreamSpec> {
-    vec![StreamSpec {
-        name: "fenced-0".to_owned(),
-        subject: "fenced.0".to_owned(),
-        replicas: 1,
-    }]
+    vec![StreamSpec::new("fenced-0", "fenced.0", 1)]
 }
 
 async fn open(url: &str, name: &'static str, holder: &Arc<Holder>) -> JetStreamLog {
@@ -113,9 +112,10 @@ async fn a_takeover_during_writes_leaves_exactly_the_acknowledged_ones() {
     let holder = Arc::new(Holder::default());
     let zombie = Arc::new(open(&server.url(), "a", &holder).await);
 
-    // A writes from 8 tasks without pause while B takes over.
+    // A writes from 48 tasks without pause (more than a writer keeps in flight) while B
+    // takes over.
     let mut writers = Vec::new();
-    for task in 0..8u32 {
+    for task in 0..48u32 {
         let zombie = Arc::clone(&zombie);
         writers.push(tokio::spawn(async move {
             let mut acknowledged = Vec::new();
@@ -159,6 +159,67 @@ async fn a_takeover_during_writes_leaves_exactly_the_acknowledged_ones() {
     );
 }
 
+/// A writer keeps publishes in flight, each predicting the place its predecessor lands at;
+/// a new holder's fence that takes one of those places makes the next prediction true. A
+/// paused zombie's full window, sent as it wakes (after the fence, or racing it), must not
+/// land after the fence: it is as long as the window.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_zombies_pipelined_writes_cannot_land_after_the_fence() {
+    let server = NatsServers::single().expect("nats-server starts");
+    let raw = async_nats::jetstream::new(connect_nats(&server.url()).await.expect("connects"));
+    let holder = Arc::new(Holder::default());
+    for round in 0..6 {
+        let zombie = open(&server.url(), "a", &holder).await;
+        let last = zombie
+            .append(0, b"a".to_vec())
+            .await
+            .expect("the holder writes")
+            + 1;
+        // Its window, as its writer would have sent it: each expecting the one before.
+        let window = async {
+            let mut acks = Vec::new();
+            for i in 0..IN_FLIGHT as u64 {
+                let message = PublishMessage::build()
+                    .payload(format!("zombie-{round}-{i}").into_bytes().into())
+                    .message_id(format!("zombie-{round}-{i}"))
+                    .expected_last_sequence(last + i);
+                acks.push(raw.send_publish("fenced.0", message).await.expect("sent"));
+            }
+            let mut landed = Vec::new();
+            for ack in acks {
+                if let Ok(ack) = ack.await {
+                    landed.push(ack.sequence - 1);
+                }
+            }
+            landed
+        };
+        let url = server.url();
+        let (successor, landed) = if round == 0 {
+            // Wakes after the fence.
+            let successor = open(&url, "b", &holder).await;
+            (successor, window.await)
+        } else {
+            // Wakes while the fence is being written.
+            tokio::join!(open(&url, "b", &holder), window)
+        };
+        let first = successor
+            .append(0, format!("b-{round}").into_bytes())
+            .await
+            .expect("the new holder writes");
+        assert!(
+            landed.iter().all(|&offset| offset < first),
+            "round {round}: the zombie's writes that landed ({landed:?}) are all before the new \
+             holder's first ({first})"
+        );
+        if round == 0 {
+            assert!(
+                landed.is_empty(),
+                "sent after the fence, all refused: {landed:?}"
+            );
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn appends_carry_on_across_a_server_restart() {
     let mut server = NatsServers::single().expect("nats-server starts");
@@ -200,5 +261,107 @@ async fn appends_carry_on_across_a_server_restart() {
         records.iter().map(|(o, _)| *o).collect::<Vec<_>>(),
         offsets,
         "each append's offset is where it is"
+    );
+}
+
+/// The stream's leader, as the cluster reports it.
+async fn leader(context: &async_nats::jetstream::Context, stream: &str) -> Option<String> {
+    let mut stream = context.get_stream(stream).await.ok()?;
+    let info = stream.info().await.ok()?;
+    info.cluster.as_ref()?.leader.clone()
+}
+
+/// Whether every replica of `stream` is current.
+async fn replicas_current(context: &async_nats::jetstream::Context, stream: &str) -> bool {
+    let Ok(mut stream) = context.get_stream(stream).await else {
+        return false;
+    };
+    let Ok(info) = stream.info().await else {
+        return false;
+    };
+    info.cluster.as_ref().is_some_and(|cluster| {
+        cluster.leader.is_some() && cluster.replicas.len() == 2 && {
+            cluster.replicas.iter().all(|r| r.current)
+        }
+    })
+}
+
+/// A replica that was down while the stream was quiet comes back knowing only what its
+/// store holds (nats-server 2.9 keeps the last message id in memory, rebuilt only within
+/// the duplicate window). Once it leads, every acknowledged write is still there and the
+/// holder goes on writing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_back_after_a_quiet_spell_keeps_every_write_when_it_leads() {
+    let mut servers = NatsServers::cluster(3).expect("a 3-node cluster starts");
+    let holder = Arc::new(Holder::default());
+    *holder.0.lock().expect("holder") = "a";
+    let client = connect_nats(&servers.url()).await.expect("connects");
+    let context = async_nats::jetstream::new(client);
+    let mut spec = StreamSpec::new("quiet-0", "quiet.0", 3);
+    spec.duplicate_window = Duration::from_secs(1);
+    let log = JetStreamLog::open(
+        context.clone(),
+        vec![spec],
+        Some(Arc::new(Host {
+            name: "a",
+            holder: Arc::clone(&holder),
+        })),
+    )
+    .await
+    .expect("the holder opens its log");
+
+    let mut written = Vec::new();
+    let mut write = async |log: &JetStreamLog, round: &str| {
+        for i in 0..10 {
+            let payload = format!("{round}-{i}").into_bytes();
+            let offset = log
+                .append(0, payload.clone())
+                .await
+                .unwrap_or_else(|e| panic!("{round}: append {i}: {e}"));
+            written.push((offset, payload));
+        }
+    };
+    write(&log, "before").await;
+
+    // A follower stops, and comes back after the stream has been quiet for longer than the
+    // duplicate window.
+    let leader_name = leader(&context, "quiet-0").await.expect("a leader");
+    let follower = (0..3)
+        .find(|&n| servers.name(n) != leader_name)
+        .expect("a follower");
+    tokio::task::block_in_place(|| servers.stop(follower)).expect("the follower stops");
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    tokio::task::block_in_place(|| servers.start(follower)).expect("the follower starts");
+    write(&log, "while-catching-up").await;
+    for _ in 0..100 {
+        if replicas_current(&context, "quiet-0").await {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // Leadership moves to it.
+    let follower_name = servers.name(follower).to_owned();
+    for _ in 0..20 {
+        if leader(&context, "quiet-0").await.as_deref() == Some(&follower_name) {
+            break;
+        }
+        let _ = context
+            .client()
+            .request("$JS.API.STREAM.LEADER.STEPDOWN.quiet-0", "".into())
+            .await;
+        tokio::time::sleep(Duration::from_millis(1_500)).await;
+    }
+    assert_eq!(
+        leader(&context, "quiet-0").await.as_deref(),
+        Some(&*follower_name),
+        "the restarted replica leads"
+    );
+    write(&log, "after").await;
+
+    assert_eq!(
+        everything(&log).await,
+        written,
+        "every acknowledged write is in the log, read from the restarted replica"
     );
 }

@@ -3,8 +3,8 @@
 
 use std::sync::Arc;
 
-use rewind_host::log::{Guarded, JetStreamLog, Log};
-use rewind_host::testing::nats::NatsServers;
+use rewind_host::log::{Guarded, JetStreamLog, Log, StreamSpec, connect_nats};
+use rewind_host::testing::nats::{NatsServers, SoleHolder};
 
 fn jetstream_log(partitions: u32) -> Arc<dyn Log> {
     let server = NatsServers::single().expect("nats-server starts");
@@ -21,6 +21,28 @@ fn jetstream_log(partitions: u32) -> Arc<dyn Log> {
 }
 
 rewind_host::log_conformance_tests!(jetstream_log);
+
+/// A fenced log, as a cluster host writes its state to: every write expects the last
+/// sequence, one in flight per partition.
+fn fenced_jetstream_log(partitions: u32) -> Arc<dyn Log> {
+    let server = NatsServers::single().expect("nats-server starts");
+    let log = tokio::task::block_in_place(|| {
+        tokio::runtime::Handle::current().block_on(async {
+            let client = connect_nats(&server.url()).await?;
+            let streams = (0..partitions)
+                .map(|p| StreamSpec::new(format!("fenced-{p}"), format!("fenced.{p}"), 1))
+                .collect();
+            JetStreamLog::open(
+                async_nats::jetstream::new(client),
+                streams,
+                Some(Arc::new(SoleHolder)),
+            )
+            .await
+        })
+    })
+    .expect("the fenced log opens");
+    Arc::new(Guarded::new(log, server))
+}
 
 /// The store's conformance suite over the JetStream log, with either marker strategy.
 mod store {
@@ -40,6 +62,22 @@ mod store {
         use super::*;
         rewind_host::store_conformance_tests!(|partitions| Arc::new(LogStore::new(
             super::super::jetstream_log(partitions),
+            MarkerStrategy::Refresh
+        )));
+    }
+
+    mod fenced_offsets {
+        use super::*;
+        rewind_host::store_conformance_tests!(|partitions| Arc::new(LogStore::new(
+            super::super::fenced_jetstream_log(partitions),
+            MarkerStrategy::Offsets
+        )));
+    }
+
+    mod fenced_refresh {
+        use super::*;
+        rewind_host::store_conformance_tests!(|partitions| Arc::new(LogStore::new(
+            super::super::fenced_jetstream_log(partitions),
             MarkerStrategy::Refresh
         )));
     }

@@ -8,17 +8,21 @@
 //! consumer.
 //!
 //! A fenced log ([`JetStreamLog::open`] with an [`Authority`]) is one that a lease holder
-//! writes. Its publishes form a chain: each carries `Nats-Expected-Last-Msg-Id`, the id of
-//! the message it must follow (this host's previous publish), so the server takes it only
-//! if nothing else came in between. Opening the log publishes a fence message (on the
-//! partition's fence subject, which readers skip): from then on whatever an earlier holder
-//! still sends expects one of its own messages to be the last, and is refused, however many
-//! it had in flight. (An expected last *sequence* would not do: an earlier holder's
-//! pipelined publish predicts the sequence its predecessor lands at, and one taken by the
-//! fence makes the prediction come true.) A writer whose publish fails reads the id of the
-//! stream's last message, then asks its authority whether it still holds the partition: if
-//! so the chain goes on from there (the failure broke it), if not the log is fenced for
-//! good.
+//! writes. Opening it fences each partition's stream with messages on its fence subject
+//! (readers skip them). After that, each write carries `Nats-Expected-Last-Sequence`, the
+//! place its predecessor lands at, so the server takes it only if nothing else came in
+//! between: whatever an earlier holder still sends expects a place before the fence, and is
+//! refused. A partition's writes go through one task, its [`writer`], which keeps several
+//! in flight and settles them in order; its documentation shows why an earlier holder's
+//! pipelined writes cannot land after the whole fence. A writer whose publish fails reads
+//! where the stream ends and asks its authority whether it still holds the partition: if so
+//! it goes on from there, if not the log is fenced for good.
+//!
+//! (The server also offers `Nats-Expected-Last-Msg-Id`, which chains writes by id and so
+//! needs no predicting. nats-server 2.9 checks it against an id it keeps in memory and
+//! rebuilds only within the duplicate window: a replica restarted after a quiet spell
+//! refuses what the leader took and, once it leads, every write. The expected last sequence
+//! is checked against the store.)
 //!
 //! Offsets therefore have gaps where fences are; readers never see them.
 //!
@@ -27,11 +31,10 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::consumer::{DeliverPolicy, pull};
-use async_nats::jetstream::context::{PublishAckFuture, PublishError, PublishErrorKind};
+use async_nats::jetstream::context::{PublishAckFuture, PublishError};
 use async_nats::jetstream::message::PublishMessage;
 use async_nats::jetstream::{self, stream};
 use async_trait::async_trait;
@@ -39,6 +42,10 @@ use bytes::Bytes;
 use futures_util::StreamExt;
 
 use super::{Log, LogError, Offset, Record};
+
+mod writer;
+
+pub use writer::IN_FLIGHT;
 
 /// How long JetStream remembers a `Nats-Msg-Id` (its default): well beyond the time an
 /// append is retried, so that a retry of a publish that landed is always known.
@@ -71,9 +78,22 @@ pub struct StreamSpec {
     /// Servers that keep a copy: 3 in production (JetStream 2.9 does not fsync before it
     /// acknowledges).
     pub replicas: usize,
+    /// How long the server remembers a `Nats-Msg-Id`; it must outlast an append's retries
+    /// ([`RETRY_FOR`]). JetStream's default, 2 minutes, unless a test shortens it.
+    pub duplicate_window: Duration,
 }
 
 impl StreamSpec {
+    /// A stream with JetStream's default duplicate window.
+    pub fn new(name: impl Into<String>, subject: impl Into<String>, replicas: usize) -> Self {
+        Self {
+            name: name.into(),
+            subject: subject.into(),
+            replicas,
+            duplicate_window: DUPLICATE_WINDOW,
+        }
+    }
+
     fn fence_subject(&self) -> String {
         format!("{}.fence", self.subject)
     }
@@ -84,7 +104,6 @@ impl StreamSpec {
 pub struct JetStreamLog {
     /// For publishes: their acknowledgements wait the client's default time.
     context: jetstream::Context,
-    authority: Option<Arc<dyn Authority>>,
     /// The connection's context with a timeout of [`CONSUMER_WITHIN`], for requests that are retried or
     /// have a way around: replay consumers, stream info, purges. (The default, 10 s, is
     /// what a request to a stream whose leader just died waits for nothing.)
@@ -97,20 +116,19 @@ struct Partition {
     spec: StreamSpec,
     /// After a replay consumer could not be created: reads go record by record until then.
     one_by_one_until: std::sync::Mutex<Option<Instant>>,
-    /// Publishes take their place in the chain under this lock.
-    chain: tokio::sync::Mutex<Chain>,
-    fenced: AtomicBool,
+    /// Fenced logs: the task that writes the partition.
+    writer: Option<writer::Handle>,
 }
 
-/// Where a partition's writes stand.
-#[derive(Debug)]
-struct Chain {
-    /// Fenced logs: the id of the message the next publish expects to follow (this host's
-    /// previous publish, or its fence).
-    expected: Option<String>,
-    /// Moves at each resync: a writer whose publish failed resyncs only if no other writer
-    /// has since it published.
-    generation: u64,
+/// An append of [`JetStreamLog::append_many`] on its way.
+enum Published<'a> {
+    Fenced(tokio::sync::oneshot::Receiver<Result<Offset, LogError>>),
+    Unfenced(
+        &'a Partition,
+        String,
+        Bytes,
+        Result<PublishAckFuture, PublishError>,
+    ),
 }
 
 fn io(context: impl Into<String>, error: impl fmt::Display) -> LogError {
@@ -148,31 +166,6 @@ pub(crate) async fn retrying<T, E: fmt::Display, F: Future<Output = Result<T, E>
     }
 }
 
-/// The `Nats-Msg-Id` of the last message `name` holds: `None` when it holds none.
-async fn last_message_id(
-    context: &jetstream::Context,
-    name: &str,
-) -> Result<Option<String>, LogError> {
-    let mut quick = context.clone();
-    quick.set_timeout(CONSUMER_WITHIN);
-    retrying(&format!("{name}: reading its last message"), || async {
-        let stream = quick.get_stream_no_info(name).await?;
-        let last = stream.get_info().await?.state.last_sequence;
-        if last == 0 {
-            return Ok(None);
-        }
-        match stream.get_raw_message(last).await {
-            Ok(message) => Ok(message
-                .headers
-                .get(async_nats::header::NATS_MESSAGE_ID)
-                .map(|id| id.as_str().to_owned())),
-            // Purged since (only retention purges, and never the last): read again.
-            Err(e) => Err(async_nats::Error::from(e)),
-        }
-    })
-    .await
-}
-
 /// Connects to NATS at `urls` (one URL, or several separated by commas: the nodes of a
 /// cluster; the client also learns the others from the one it reaches).
 pub async fn connect(urls: &str) -> Result<async_nats::Client, LogError> {
@@ -196,10 +189,12 @@ impl JetStreamLog {
     ) -> Result<Self, LogError> {
         let client = connect(url).await?;
         let streams = (0..partitions)
-            .map(|partition| StreamSpec {
-                name: format!("{prefix}-{partition}"),
-                subject: format!("{prefix}.{partition}"),
-                replicas,
+            .map(|partition| {
+                StreamSpec::new(
+                    format!("{prefix}-{partition}"),
+                    format!("{prefix}.{partition}"),
+                    replicas,
+                )
             })
             .collect();
         Self::open(jetstream::new(client), streams, None).await
@@ -207,8 +202,8 @@ impl JetStreamLog {
 
     /// Opens a log whose partition P is `streams[P]`, creating the streams that do not
     /// exist. With an `authority`, the log is fenced: each stream is fenced now (so that an
-    /// earlier writer can no longer write), and every write expects the stream's last
-    /// sequence; see the module's documentation.
+    /// earlier writer can no longer write), and every write expects the sequence this host
+    /// last wrote at; see the module's documentation.
     pub async fn open(
         context: jetstream::Context,
         streams: Vec<StreamSpec>,
@@ -220,25 +215,23 @@ impl JetStreamLog {
                 name: spec.name.clone(),
                 subjects: vec![spec.subject.clone(), spec.fence_subject()],
                 num_replicas: spec.replicas,
-                duplicate_window: DUPLICATE_WINDOW,
+                duplicate_window: spec.duplicate_window,
                 ..stream::Config::default()
             };
             retrying(&format!("creating stream {}", spec.name), || {
                 context.get_or_create_stream(config.clone())
             })
             .await?;
-            let expected = match &authority {
-                Some(authority) => Some(fence(&context, &spec, &**authority).await?),
+            let writer = match &authority {
+                Some(authority) => {
+                    Some(writer::start(&context, &spec, Arc::clone(authority)).await?)
+                }
                 None => None,
             };
             partitions.push(Partition {
                 spec,
                 one_by_one_until: std::sync::Mutex::new(None),
-                chain: tokio::sync::Mutex::new(Chain {
-                    expected,
-                    generation: 0,
-                }),
-                fenced: AtomicBool::new(false),
+                writer,
             });
         }
         let mut quick = context.clone();
@@ -246,7 +239,6 @@ impl JetStreamLog {
         Ok(Self {
             context,
             quick,
-            authority,
             partitions,
         })
     }
@@ -344,116 +336,61 @@ impl JetStreamLog {
         Ok(records)
     }
 
-    /// Publishes `payload` with its id, taking its place in the partition's chain. Returns
-    /// the acknowledgement to await and the chain's generation it was published in.
-    async fn publish(
-        &self,
-        partition: &Partition,
-        id: &str,
-        payload: &Bytes,
-    ) -> Result<(Result<PublishAckFuture, PublishError>, u64), LogError> {
-        if partition.fenced.load(Ordering::Acquire) {
-            return Err(self.fenced_error(partition));
-        }
-        if self.authority.is_none() {
-            // No chain to keep: publishes need no order among themselves.
-            let message = PublishMessage::build()
-                .payload(payload.clone())
-                .message_id(id);
-            let ack = self
-                .context
-                .send_publish(partition.spec.subject.clone(), message)
-                .await;
-            return Ok((ack, 0));
-        }
-        let mut chain = partition.chain.lock().await;
-        let mut message = PublishMessage::build()
-            .payload(payload.clone())
-            .message_id(id);
-        if let Some(expected) = &mut chain.expected {
-            message = message.expected_last_message_id(&*expected);
-            id.clone_into(expected);
-        }
-        let ack = self
-            .context
-            .send_publish(partition.spec.subject.clone(), message)
-            .await;
-        Ok((ack, chain.generation))
-    }
-
-    /// Awaits a publish's acknowledgement, retrying the publish (same id) until it lands,
-    /// the log is fenced, or [`RETRY_FOR`] has passed since `started`.
-    async fn settle(
+    /// Appends to an unfenced partition: publishes at once, so appends from many tasks are
+    /// in flight together, and retries with the same id until the publish lands or
+    /// [`RETRY_FOR`] has passed since `started`.
+    async fn settle_unfenced(
         &self,
         partition: &Partition,
         id: &str,
         payload: &Bytes,
         mut ack: Result<PublishAckFuture, PublishError>,
-        mut generation: u64,
         started: Instant,
     ) -> Result<Offset, LogError> {
         let mut attempt = 0;
         loop {
             let error = match ack {
+                // A retry of a publish that landed gets the original sequence.
                 Ok(future) => match future.await {
-                    // A retry of a publish that landed gets the original sequence.
                     Ok(ack) => return Ok(ack.sequence - 1),
                     Err(error) => error,
                 },
                 Err(error) => error,
             };
             if started.elapsed() >= RETRY_FOR {
-                return Err(io(
-                    format!(
-                        "appending to {} (retried for {RETRY_FOR:?})",
-                        partition.spec.subject
-                    ),
-                    error,
-                ));
+                return Err(self.gave_up(partition, error));
             }
             attempt += 1;
             tracing::debug!(stream = %partition.spec.name, attempt, "append failed: {error}; retrying");
-            // A refusal for a wrong last message is answered at once: the chain broke (a
-            // publish before it failed) or the partition is someone else's now.
-            if error.kind() != PublishErrorKind::WrongLastMessageId {
-                tokio::time::sleep(backoff(attempt)).await;
-            }
-            self.resync(partition, generation).await?;
-            (ack, generation) = self.publish(partition, id, payload).await?;
+            tokio::time::sleep(backoff(attempt)).await;
+            ack = self.send(partition, id, payload).await;
         }
     }
 
-    /// A fenced writer whose publish in `generation` failed: unless another writer has
-    /// resynced since, reads the id of the stream's last message and goes on from it if this host
-    /// still holds the partition, or fences the log for good if not.
-    async fn resync(&self, partition: &Partition, generation: u64) -> Result<(), LogError> {
-        let mut chain = partition.chain.lock().await;
-        if chain.generation != generation {
-            return Ok(());
-        }
-        chain.generation += 1;
-        let Some(authority) = &self.authority else {
-            return Ok(());
-        };
-        let last = last_message_id(&self.context, &partition.spec.name).await?;
-        let holds = retrying(
-            &format!("{}: asking for the lease", partition.spec.name),
-            || authority.holds(),
+    /// Publishes `payload` with its id to an unfenced partition, and returns the
+    /// acknowledgement to await.
+    async fn send(
+        &self,
+        partition: &Partition,
+        id: &str,
+        payload: &Bytes,
+    ) -> Result<PublishAckFuture, PublishError> {
+        let message = PublishMessage::build()
+            .payload(payload.clone())
+            .message_id(id);
+        self.context
+            .send_publish(partition.spec.subject.clone(), message)
+            .await
+    }
+
+    fn gave_up(&self, partition: &Partition, error: PublishError) -> LogError {
+        io(
+            format!(
+                "appending to {} (retried for {RETRY_FOR:?})",
+                partition.spec.subject
+            ),
+            error,
         )
-        .await?;
-        if !holds {
-            tracing::warn!(stream = %partition.spec.name, "fenced: another host holds the partition");
-            partition.fenced.store(true, Ordering::Release);
-            return Err(self.fenced_error(partition));
-        }
-        chain.expected = last;
-        Ok(())
-    }
-
-    fn fenced_error(&self, partition: &Partition) -> LogError {
-        LogError::Fenced {
-            stream: partition.spec.name.clone(),
-        }
     }
 
     fn partition(&self, partition: u32) -> Result<&Partition, LogError> {
@@ -466,41 +403,6 @@ impl JetStreamLog {
     }
 }
 
-/// Fences `spec`'s stream: publishes a fence message, then asks `authority` whether this
-/// host holds the partition (after, not before: a fence retried past a takeover would
-/// otherwise land after the new holder's and reopen this host's chain). Returns the
-/// fence's id, which the next write expects as the last.
-async fn fence(
-    context: &jetstream::Context,
-    spec: &StreamSpec,
-    authority: &dyn Authority,
-) -> Result<String, LogError> {
-    // Unconditional: it needs no quiet moment to land (an earlier holder may be writing
-    // without pause), and whatever that holder sends after it expects one of its own
-    // messages to be the last, which none will be again.
-    let id = format!("fence-{:032x}", rand::random::<u128>());
-    retrying(&format!("{}: fencing", spec.name), || async {
-        let message = PublishMessage::build()
-            .payload(Bytes::new())
-            .message_id(&id);
-        context
-            .send_publish(spec.fence_subject(), message)
-            .await?
-            .await
-    })
-    .await?;
-    let holds = retrying(&format!("{}: asking for the lease", spec.name), || {
-        authority.holds()
-    })
-    .await?;
-    if !holds {
-        return Err(LogError::Fenced {
-            stream: spec.name.clone(),
-        });
-    }
-    Ok(id)
-}
-
 #[async_trait]
 impl Log for JetStreamLog {
     fn partitions(&self) -> u32 {
@@ -509,10 +411,13 @@ impl Log for JetStreamLog {
 
     async fn append(&self, partition: u32, payload: Vec<u8>) -> Result<Offset, LogError> {
         let partition = self.partition(partition)?;
-        let id = format!("{:032x}", rand::random::<u128>());
         let payload = Bytes::from(payload);
-        let (ack, generation) = self.publish(partition, &id, &payload).await?;
-        self.settle(partition, &id, &payload, ack, generation, Instant::now())
+        if let Some(writer) = &partition.writer {
+            return writer::Handle::settled(writer.submit(payload)).await;
+        }
+        let id = format!("{:032x}", rand::random::<u128>());
+        let ack = self.send(partition, &id, &payload).await;
+        self.settle_unfenced(partition, &id, &payload, ack, Instant::now())
             .await
     }
 
@@ -521,18 +426,26 @@ impl Log for JetStreamLog {
         let mut published = Vec::with_capacity(records.len());
         for (partition, payload) in records {
             let partition = self.partition(partition)?;
-            let id = format!("{:032x}", rand::random::<u128>());
             let payload = Bytes::from(payload);
-            let (ack, generation) = self.publish(partition, &id, &payload).await?;
-            published.push((partition, id, payload, ack, generation));
+            published.push(match &partition.writer {
+                Some(writer) => Published::Fenced(writer.submit(payload)),
+                None => {
+                    let id = format!("{:032x}", rand::random::<u128>());
+                    let ack = self.send(partition, &id, &payload).await;
+                    Published::Unfenced(partition, id, payload, ack)
+                }
+            });
         }
         let started = Instant::now();
         let mut offsets = Vec::with_capacity(published.len());
-        for (partition, id, payload, ack, generation) in published {
-            offsets.push(
-                self.settle(partition, &id, &payload, ack, generation, started)
-                    .await?,
-            );
+        for published in published {
+            offsets.push(match published {
+                Published::Fenced(receiver) => writer::Handle::settled(receiver).await?,
+                Published::Unfenced(partition, id, payload, ack) => {
+                    self.settle_unfenced(partition, &id, &payload, ack, started)
+                        .await?
+                }
+            });
         }
         Ok(offsets)
     }
