@@ -123,10 +123,10 @@ impl Leases {
     }
 
     fn host_key(&self) -> String {
-        format!("host-{}", self.host)
+        format!("host.{}", self.host)
     }
 
-    /// Says this host is alive: moves its `host-NAME` key's revision.
+    /// Says this host is alive: moves its `host.NAME` key's revision.
     pub async fn heartbeat(&self) {
         if let Err(e) = self.kv.put(self.host_key(), Bytes::new()).await {
             tracing::debug!("heartbeat: {e}");
@@ -145,7 +145,7 @@ impl Leases {
             .await?;
         let prefix = format!("$KV.{}.", self.bucket);
         let subjects: Vec<(String, usize)> = stream
-            .info_with_subjects(format!("{prefix}host-*"))
+            .info_with_subjects(format!("{prefix}host.*"))
             .await?
             .try_collect()
             .await?;

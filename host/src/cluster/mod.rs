@@ -115,6 +115,19 @@ struct Running {
     task: JoinHandle<anyhow::Result<Summary>>,
     /// Lost to another host: not to be released.
     lost: bool,
+    /// Since when it has been asked to stop (let go, lost, or the host leaving): it finishes
+    /// what it accepted and checkpoints meanwhile, its lease still renewed.
+    stopping: Option<Instant>,
+}
+
+impl Running {
+    /// Asks the run to finish what it accepted, checkpoint, and end.
+    fn ask_to_stop(&mut self) {
+        if self.stopping.is_none() {
+            self.stopping = Some(Instant::now());
+            let _ = self.stop.send(true);
+        }
+    }
 }
 
 /// Runs this host's share of the agent's partitions until `shutdown` resolves; then lets
@@ -168,8 +181,16 @@ pub async fn run_host(
         step(&mut leases, &partition, &mut hosted).await;
     }
     tracing::info!(host = %options.host, "leaving: letting every partition finish");
-    for (_, run) in std::mem::take(&mut hosted.running) {
-        stop(run).await;
+    for run in hosted.running.values_mut() {
+        run.ask_to_stop();
+    }
+    // The leases are renewed while the partitions finish.
+    while !hosted.running.is_empty() {
+        renew(&mut leases, &mut hosted).await;
+        reap(&mut hosted).await;
+        if !hosted.running.is_empty() {
+            tokio::time::sleep(tick.min(Duration::from_millis(200))).await;
+        }
     }
     leases.leave().await;
     Ok(())
@@ -194,69 +215,49 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(3);
 const FIRST_BACKOFF: Duration = Duration::from_secs(1);
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
+/// How long a partition asked to stop may take to finish what it accepted and checkpoint.
+/// Past it, the run is ended where it is, as a crash would end it: the next holder recovers
+/// the partition from its newest checkpoint and reruns what was pending.
+const FINISH_WITHIN: Duration = Duration::from_secs(60);
+
 /// One round: renew what this host holds, reap what ended, and take or give partitions
 /// toward this host's share.
 async fn step(leases: &mut Leases, partition: &PartitionContext, hosted: &mut Hosted) {
+    leases.heartbeat().await;
+    renew(leases, hosted).await;
+    reap(hosted).await;
     let Hosted {
         running,
         failed,
         live,
     } = hosted;
-    leases.heartbeat().await;
-    for (number, run) in running.iter_mut() {
-        let lost = match run.lease.renew().await {
-            Renewal::Renewed => false,
-            Renewal::Lost => true,
-            Renewal::Unknown => run.lease.since_renewed() >= leases.ttl(),
-        };
-        if lost && !run.lost {
-            tracing::warn!(partition = number, "lease lost: stopping the partition");
-            run.lost = true;
-            let _ = run.stop.send(true);
-        }
-    }
-    let ended: Vec<u32> = running
-        .iter()
-        .filter(|(_, run)| run.task.is_finished())
-        .map(|(&number, _)| number)
-        .collect();
-    for number in ended {
-        let Some(run) = running.remove(&number) else {
-            continue;
-        };
-        if stop(run).await {
-            failed.remove(&number);
-        } else {
-            let backoff = failed.get(&number).map_or(FIRST_BACKOFF, |&(_, b)| b);
-            let next = (backoff * 2).min(MAX_BACKOFF);
-            failed.insert(number, (Instant::now() + backoff, next));
-        }
-    }
     let partitions = partition.layout.partitions;
     match leases.live_hosts().await {
         Ok(counted) => *live = counted.max(1),
         Err(e) => tracing::debug!("counting live hosts (as {live} until it works): {e}"),
     }
     let share = partitions.div_ceil((*live).max(1)) as usize;
-    if running.len() > share {
+    let kept = running
+        .values()
+        .filter(|run| run.stopping.is_none())
+        .count();
+    if kept > share {
         // The highest-numbered partitions go first, so hosts agree on which move.
-        let extra: Vec<u32> = running
-            .keys()
+        for (number, run) in running
+            .iter_mut()
             .rev()
-            .take(running.len() - share)
-            .copied()
-            .collect();
-        for number in extra {
-            if let Some(run) = running.remove(&number) {
-                tracing::info!(
-                    partition = number,
-                    share,
-                    "above this host's share: letting it go"
-                );
-                stop(run).await;
-            }
+            .filter(|(_, run)| run.stopping.is_none())
+            .take(kept - share)
+        {
+            tracing::info!(
+                partition = number,
+                share,
+                "above this host's share: letting it go"
+            );
+            run.ask_to_stop();
         }
     }
+    // Partitions still finishing count: they are this host's until they end.
     for number in 0..partitions {
         if running.len() >= share {
             break;
@@ -293,25 +294,82 @@ async fn step(leases: &mut Leases, partition: &PartitionContext, hosted: &mut Ho
                 stop: stop_tx,
                 task,
                 lost: false,
+                stopping: None,
             },
         );
     }
 }
 
-/// Stops a partition's run, waits for it, and releases its lease unless it was lost.
-/// Returns whether the run ended well.
+/// Renews every lease this host holds, also of partitions that are finishing; a partition
+/// whose lease is lost (or could not be renewed for a TTL) is asked to stop.
+async fn renew(leases: &mut Leases, hosted: &mut Hosted) {
+    for (number, run) in hosted.running.iter_mut() {
+        if run.lost {
+            continue;
+        }
+        let lost = match run.lease.renew().await {
+            Renewal::Renewed => false,
+            Renewal::Lost => true,
+            Renewal::Unknown => run.lease.since_renewed() >= leases.ttl(),
+        };
+        if lost {
+            tracing::warn!(partition = number, "lease lost: stopping the partition");
+            run.lost = true;
+            run.ask_to_stop();
+        }
+    }
+}
+
+/// Ends the runs that have ended, or were asked to stop longer than [`FINISH_WITHIN`] ago,
+/// and releases their leases; a run that failed is not taken again before a backoff.
+async fn reap(hosted: &mut Hosted) {
+    let Hosted {
+        running, failed, ..
+    } = hosted;
+    let ended: Vec<u32> = running
+        .iter()
+        .filter(|(_, run)| {
+            run.task.is_finished()
+                || run
+                    .stopping
+                    .is_some_and(|since| since.elapsed() >= FINISH_WITHIN)
+        })
+        .map(|(&number, _)| number)
+        .collect();
+    for number in ended {
+        let Some(run) = running.remove(&number) else {
+            continue;
+        };
+        if stop(run).await {
+            failed.remove(&number);
+        } else {
+            let backoff = failed.get(&number).map_or(FIRST_BACKOFF, |&(_, b)| b);
+            let next = (backoff * 2).min(MAX_BACKOFF);
+            failed.insert(number, (Instant::now() + backoff, next));
+        }
+    }
+}
+
+/// Collects a partition's run, which has ended or is ended now (it did not finish within
+/// [`FINISH_WITHIN`]), and releases its lease unless it was lost. Returns whether the run
+/// ended well.
 async fn stop(run: Running) -> bool {
-    let _ = run.stop.send(true);
     let number = run.lease.partition;
-    let started = Instant::now();
+    if !run.task.is_finished() {
+        tracing::warn!(
+            partition = number,
+            "did not finish within {FINISH_WITHIN:?} of being asked to stop: ending it here; \
+             the next holder recovers it from its newest checkpoint"
+        );
+        run.task.abort();
+    }
     let ok = match run.task.await {
         Ok(Ok(summary)) => {
             tracing::info!(
                 partition = number,
                 completed = summary.completed,
                 failed = summary.failed.len(),
-                "partition stopped after {:.1?}",
-                started.elapsed()
+                "partition stopped"
             );
             true
         }
@@ -319,6 +377,7 @@ async fn stop(run: Running) -> bool {
             tracing::error!(partition = number, "partition stopped: {e:#}");
             false
         }
+        Err(e) if e.is_cancelled() => false,
         Err(e) => {
             tracing::error!(partition = number, "partition panicked: {e}");
             false

@@ -25,6 +25,8 @@ pub struct Remote {
     pub pause_during: Arc<Mutex<Option<(u64, u32)>>>,
     /// Reconcile requests: what became of a key's charge.
     pub asks: Arc<Mutex<u64>>,
+    /// How long a charge takes to answer, beyond the usual 3 ms.
+    pub slow: Arc<Mutex<Duration>>,
 }
 
 impl Remote {
@@ -80,7 +82,8 @@ pub async fn serve(remote: Remote) -> String {
                     rustix::process::kill_process(pid, rustix::process::Signal::STOP).expect("SIGSTOP");
                 }
                 // Slow enough that kills often land while a call is in flight.
-                tokio::time::sleep(Duration::from_millis(3)).await;
+                let slow = *remote.slow.lock().expect("lock");
+                tokio::time::sleep(Duration::from_millis(3) + slow).await;
                 axum::Json(answer)
             }),
         )

@@ -260,6 +260,16 @@ async fn two_hosts_one_killed_every_output_once_and_every_call_once() {
     ));
     // Both hosts at work (the partitions shared out), then A dies mid-run.
     wait_for_outputs(&url, 1, 30, Duration::from_secs(60), &[&a, &b]).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !b.log().contains("partition taken") {
+        assert!(
+            Instant::now() < deadline,
+            "A never shared its partitions with B:\n{}\n----\n{}",
+            a.log(),
+            b.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     a.kill();
     publisher.await.expect("publisher");
     wait_for_outputs(&url, 1, inputs as usize, Duration::from_secs(60), &[&b]).await;
@@ -326,6 +336,64 @@ async fn a_paused_host_past_its_lease_cannot_write_when_it_wakes() {
     assert!(
         a_log.contains("lease lost"),
         "A learned it lost its lease:\n{a_log}"
+    );
+    b.stop();
+}
+
+/// A host lets partitions go to a host that joined while their calls are slow: they finish
+/// what they accepted, for longer than a lease lasts, while the host keeps renewing every
+/// lease it holds; none is lost, nothing is fenced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partitions_let_go_finish_while_the_host_keeps_its_other_leases() {
+    let servers = NatsServers::single().expect("nats-server starts");
+    let url = servers.url();
+    let remote = Remote::default();
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_agent(dir.path(), &serve(remote.clone()).await);
+    let a = Host::start(dir.path(), &url, "a", 1, 1_000);
+    publish(url.clone(), 1, 0..8, Duration::ZERO).await;
+    wait_for_outputs(&url, 1, 8, Duration::from_secs(60), &[&a]).await;
+
+    // Every partition busy with calls that take 2 s each (two per input, a key's inputs
+    // one after the other), then B joins: A lets two partitions go, and they take seconds
+    // to finish.
+    *remote.slow.lock().expect("lock") = Duration::from_secs(2);
+    let before = remote.total();
+    publish(url.clone(), 1, 8..20, Duration::ZERO).await;
+    while remote.total() < before + 4 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut b = Host::start(dir.path(), &url, "b", 1, 1_000);
+    b.joined().await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !a.log().contains("letting it go") {
+        assert!(
+            Instant::now() < deadline,
+            "A never let a partition go:\n{}\n----\n{}",
+            a.log(),
+            b.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    wait_for_outputs(&url, 1, 20, Duration::from_secs(60), &[&a, &b]).await;
+    *remote.slow.lock().expect("lock") = Duration::ZERO;
+    publish(url.clone(), 1, 20..24, Duration::ZERO).await;
+    wait_for_outputs(&url, 1, 24, Duration::from_secs(60), &[&a, &b]).await;
+
+    check(&outputs(&url, 1).await, &remote, 24);
+    assert_eq!(remote.repeats(), 0, "no call reached the remote twice");
+    let (a_log, b_log) = (a.log(), b.log());
+    assert!(
+        a_log.contains("letting it go"),
+        "A let partitions go:\n{a_log}"
+    );
+    assert!(
+        !a_log.contains("lease lost") && !a_log.contains("fenced"),
+        "A kept its other leases while partitions finished:\n{a_log}"
+    );
+    assert!(
+        b_log.contains("partition taken"),
+        "B took partitions:\n{b_log}"
     );
     b.stop();
 }

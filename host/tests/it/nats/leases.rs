@@ -113,3 +113,26 @@ async fn of_hosts_racing_for_a_lease_one_wins() {
     }
     assert_eq!(winners, 1, "compare-and-set lets exactly one host take it");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn live_hosts_counts_every_host_that_beats_and_forgets_one_that_stopped() {
+    let server = NatsServers::single().expect("nats-server starts");
+    let mut a = leases(&server.url(), "a").await;
+    let b = leases(&server.url(), "b").await;
+    let c = leases(&server.url(), "c").await;
+    a.heartbeat().await;
+    b.heartbeat().await;
+    c.heartbeat().await;
+    assert_eq!(a.live_hosts().await.expect("counted"), 3, "A, B and C");
+    // C leaves; B stops beating and, after a TTL of A's watching, is no longer counted.
+    c.leave().await;
+    let until = Instant::now() + 2 * TTL;
+    while Instant::now() < until {
+        a.heartbeat().await;
+        a.live_hosts().await.expect("counted");
+        tokio::time::sleep(TTL / 4).await;
+    }
+    assert_eq!(a.live_hosts().await.expect("counted"), 1, "only A");
+    b.heartbeat().await;
+    assert_eq!(a.live_hosts().await.expect("counted"), 2, "B beats again");
+}

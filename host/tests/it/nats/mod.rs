@@ -23,7 +23,7 @@ fn jetstream_log(partitions: u32) -> Arc<dyn Log> {
 rewind_host::log_conformance_tests!(jetstream_log);
 
 /// A fenced log, as a cluster host writes its state to: every write expects the last
-/// sequence, one in flight per partition.
+/// sequence, where its predecessor lands.
 fn fenced_jetstream_log(partitions: u32) -> Arc<dyn Log> {
     let server = NatsServers::single().expect("nats-server starts");
     let log = tokio::task::block_in_place(|| {
