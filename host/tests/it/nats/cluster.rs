@@ -81,15 +81,7 @@ impl Host {
 
     /// Waits until the host has joined (its streams exist).
     async fn joined(&self) {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !self.log().contains("joined") {
-            assert!(
-                Instant::now() < deadline,
-                "the host never joined:\n{}",
-                self.log()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        wait_for_log(self, "joined", &[self]).await;
     }
 }
 
@@ -112,6 +104,43 @@ fn write_agent(dir: &Path, url: &str) {
         ),
     )
     .expect("write agent.toml");
+}
+
+/// A NATS server (or cluster), the remote the agent charges, and the agent written to a
+/// temporary directory: what every test here starts from.
+struct World {
+    servers: NatsServers,
+    url: String,
+    remote: Remote,
+    dir: tempfile::TempDir,
+}
+
+async fn world(servers: NatsServers) -> World {
+    let url = servers.url();
+    let remote = Remote::default();
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_agent(dir.path(), &serve(remote.clone()).await);
+    World {
+        servers,
+        url,
+        remote,
+        dir,
+    }
+}
+
+/// Waits until `host`'s log says `text`, or fails after 30 s showing every host's log.
+async fn wait_for_log(host: &Host, text: &str, hosts: &[&Host]) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !host.log().contains(text) {
+        if Instant::now() > deadline {
+            let logs: Vec<String> = hosts.iter().map(|h| h.log()).collect();
+            panic!(
+                "no {text:?} after 30 s; hosts' logs:\n{}",
+                logs.join("\n----\n")
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 fn layout(replicas: usize) -> Layout {
@@ -233,14 +262,11 @@ fn check(outputs: &[OutputRecord], remote: &Remote, inputs: u32) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_hosts_one_killed_every_output_once_and_every_call_once() {
-    let servers = NatsServers::single().expect("nats-server starts");
-    let url = servers.url();
-    let remote = Remote::default();
-    let dir = tempfile::tempdir().expect("tempdir");
-    write_agent(dir.path(), &serve(remote.clone()).await);
-    let mut a = Host::start(dir.path(), &url, "a", 1, 1_500);
+    let world = world(NatsServers::single().expect("nats-server starts")).await;
+    let (url, remote, dir) = (world.url.clone(), world.remote.clone(), world.dir.path());
+    let mut a = Host::start(dir, &url, "a", 1, 1_500);
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let b = Host::start(dir.path(), &url, "b", 1, 1_500);
+    let b = Host::start(dir, &url, "b", 1, 1_500);
 
     a.joined().await;
     // A message on an input subject that is not an input is skipped; the partition goes on.
@@ -260,16 +286,7 @@ async fn two_hosts_one_killed_every_output_once_and_every_call_once() {
     ));
     // Both hosts at work (the partitions shared out), then A dies mid-run.
     wait_for_outputs(&url, 1, 30, Duration::from_secs(60), &[&a, &b]).await;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !b.log().contains("partition taken") {
-        assert!(
-            Instant::now() < deadline,
-            "A never shared its partitions with B:\n{}\n----\n{}",
-            a.log(),
-            b.log()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_for_log(&b, "partition taken", &[&a, &b]).await;
     a.kill();
     publisher.await.expect("publisher");
     wait_for_outputs(&url, 1, inputs as usize, Duration::from_secs(60), &[&b]).await;
@@ -290,12 +307,9 @@ async fn two_hosts_one_killed_every_output_once_and_every_call_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_host_past_its_lease_cannot_write_when_it_wakes() {
-    let servers = NatsServers::single().expect("nats-server starts");
-    let url = servers.url();
-    let remote = Remote::default();
-    let dir = tempfile::tempdir().expect("tempdir");
-    write_agent(dir.path(), &serve(remote.clone()).await);
-    let a = Host::start(dir.path(), &url, "a", 1, 1_000);
+    let world = world(NatsServers::single().expect("nats-server starts")).await;
+    let (url, remote, dir) = (world.url.clone(), world.remote.clone(), world.dir.path());
+    let a = Host::start(dir, &url, "a", 1, 1_000);
     publish(url.clone(), 1, 0..12, Duration::ZERO).await;
     wait_for_outputs(&url, 1, 12, Duration::from_secs(60), &[&a]).await;
 
@@ -313,7 +327,7 @@ async fn a_paused_host_past_its_lease_cannot_write_when_it_wakes() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     // B takes every partition over once A's leases expire, and finishes the inputs.
-    let mut b = Host::start(dir.path(), &url, "b", 1, 1_000);
+    let mut b = Host::start(dir, &url, "b", 1, 1_000);
     wait_for_outputs(&url, 1, 24, Duration::from_secs(60), &[&a, &b]).await;
     // A wakes up holding nothing but what it was doing: its writes are refused.
     a.signal(rustix::process::Signal::CONT);
@@ -345,12 +359,9 @@ async fn a_paused_host_past_its_lease_cannot_write_when_it_wakes() {
 /// lease it holds; none is lost, nothing is fenced.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn partitions_let_go_finish_while_the_host_keeps_its_other_leases() {
-    let servers = NatsServers::single().expect("nats-server starts");
-    let url = servers.url();
-    let remote = Remote::default();
-    let dir = tempfile::tempdir().expect("tempdir");
-    write_agent(dir.path(), &serve(remote.clone()).await);
-    let a = Host::start(dir.path(), &url, "a", 1, 1_000);
+    let world = world(NatsServers::single().expect("nats-server starts")).await;
+    let (url, remote, dir) = (world.url.clone(), world.remote.clone(), world.dir.path());
+    let a = Host::start(dir, &url, "a", 1, 1_000);
     publish(url.clone(), 1, 0..8, Duration::ZERO).await;
     wait_for_outputs(&url, 1, 8, Duration::from_secs(60), &[&a]).await;
 
@@ -363,18 +374,8 @@ async fn partitions_let_go_finish_while_the_host_keeps_its_other_leases() {
     while remote.total() < before + 4 {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let mut b = Host::start(dir.path(), &url, "b", 1, 1_000);
-    b.joined().await;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !a.log().contains("letting it go") {
-        assert!(
-            Instant::now() < deadline,
-            "A never let a partition go:\n{}\n----\n{}",
-            a.log(),
-            b.log()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let mut b = Host::start(dir, &url, "b", 1, 1_000);
+    wait_for_log(&a, "letting it go", &[&a, &b]).await;
     wait_for_outputs(&url, 1, 20, Duration::from_secs(60), &[&a, &b]).await;
     *remote.slow.lock().expect("lock") = Duration::ZERO;
     publish(url.clone(), 1, 20..24, Duration::ZERO).await;
@@ -400,12 +401,9 @@ async fn partitions_let_go_finish_while_the_host_keeps_its_other_leases() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_nats_node_killed_mid_run_loses_nothing() {
-    let mut servers = NatsServers::cluster(3).expect("a 3-node cluster starts");
-    let url = servers.url();
-    let remote = Remote::default();
-    let dir = tempfile::tempdir().expect("tempdir");
-    write_agent(dir.path(), &serve(remote.clone()).await);
-    let mut host = Host::start(dir.path(), &url, "a", 3, 5_000);
+    let mut world = world(NatsServers::cluster(3).expect("a 3-node cluster starts")).await;
+    let (url, remote, dir) = (world.url.clone(), world.remote.clone(), world.dir.path());
+    let mut host = Host::start(dir, &url, "a", 3, 5_000);
 
     let inputs = 60;
     let publisher = tokio::spawn(publish(
@@ -415,7 +413,7 @@ async fn a_nats_node_killed_mid_run_loses_nothing() {
         Duration::from_millis(50),
     ));
     wait_for_outputs(&url, 3, 15, Duration::from_secs(60), &[&host]).await;
-    tokio::task::block_in_place(|| servers.kill(0)).expect("node 1 killed");
+    tokio::task::block_in_place(|| world.servers.kill(0)).expect("node 1 killed");
     publisher.await.expect("publisher");
     wait_for_outputs(&url, 3, inputs as usize, Duration::from_secs(90), &[&host]).await;
 
@@ -426,12 +424,9 @@ async fn a_nats_node_killed_mid_run_loses_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_host_carries_on_across_a_nats_server_restart() {
-    let mut servers = NatsServers::single().expect("nats-server starts");
-    let url = servers.url();
-    let remote = Remote::default();
-    let dir = tempfile::tempdir().expect("tempdir");
-    write_agent(dir.path(), &serve(remote.clone()).await);
-    let mut host = Host::start(dir.path(), &url, "a", 1, 5_000);
+    let mut world = world(NatsServers::single().expect("nats-server starts")).await;
+    let (url, remote, dir) = (world.url.clone(), world.remote.clone(), world.dir.path());
+    let mut host = Host::start(dir, &url, "a", 1, 5_000);
 
     let inputs = 60;
     let publisher = {
@@ -442,7 +437,7 @@ async fn the_host_carries_on_across_a_nats_server_restart() {
         })
     };
     wait_for_outputs(&url, 1, 15, Duration::from_secs(60), &[&host]).await;
-    tokio::task::block_in_place(|| servers.restart(0)).expect("nats-server restarts");
+    tokio::task::block_in_place(|| world.servers.restart(0)).expect("nats-server restarts");
     publisher.await.expect("publisher");
     wait_for_outputs(&url, 1, inputs as usize, Duration::from_secs(60), &[&host]).await;
 
