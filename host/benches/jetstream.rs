@@ -12,7 +12,7 @@ use async_nats::jetstream::{self, stream};
 use bytes::Bytes;
 use rewind_host::event::Event;
 use rewind_host::functions::Functions;
-use rewind_host::log::{JetStreamLog, Log, StreamSpec, connect_nats};
+use rewind_host::log::{JetStreamLog, Log, MemoryLog, StreamSpec, connect_nats};
 use rewind_host::store::{ActionState, ActionStateStore, LogStore, MarkerStrategy};
 use rewind_host::testing::nats::{NatsServers, SoleHolder};
 
@@ -57,12 +57,50 @@ async fn open_store(
     Arc::new(LogStore::new(log, MarkerStrategy::Offsets))
 }
 
-/// The size of what a durable call writes: a state with one call recorded.
-const STATE_BYTES: usize = 300;
+/// The mean size of the states a store wrote to `log`'s partitions.
+async fn mean_record_size(log: &MemoryLog) -> usize {
+    let (mut bytes, mut records) = (0, 0);
+    for partition in 0..log.partitions() {
+        let mut from = 0;
+        loop {
+            let batch = log.read(partition, from, 1_000).await.expect("read");
+            let Some(last) = batch.last() else { break };
+            from = last.offset + 1;
+            records += batch.len();
+            bytes += batch.iter().map(|r| r.payload.len()).sum::<usize>();
+        }
+    }
+    bytes / records.max(1)
+}
+
+/// What durable calls write, measured on an in-memory log: the size of a state with one
+/// call (the latency figure's), and the mean size of the states of
+/// [`calls_per_second_64_keys`] (one to four calls each). Raw publishes carry as many
+/// bytes.
+async fn state_sizes(functions: &Arc<Functions>) -> (usize, usize) {
+    let in_memory = async |calls: u64| {
+        let log = Arc::new(MemoryLog::new(PARTITIONS));
+        let store: Arc<dyn ActionStateStore> = Arc::new(LogStore::new(
+            Arc::clone(&log) as Arc<dyn Log>,
+            MarkerStrategy::Offsets,
+        ));
+        if calls == 1 {
+            let state = ActionState::new(key("one", 0), Event::new("input", "{}"));
+            let mut run = calls_of(&store, functions, state);
+            let result = run.call("noop", r#"{"q":"where is my order?"}"#).await;
+            assert!(matches!(result, Ok(Ok(_))));
+        } else {
+            calls_per_second_64_keys(&store, functions, calls).await;
+        }
+        mean_record_size(&log).await
+    };
+    (in_memory(1).await, in_memory(8).await)
+}
 
 /// Medians of a raw publish and its acknowledgement, and of a live durable call (no-op
 /// handler, one key) on the store, sampled alternately so that both see the same cluster.
 async fn latencies(
+    bytes: usize,
     context: &jetstream::Context,
     store: &Arc<dyn ActionStateStore>,
     functions: &Arc<Functions>,
@@ -70,7 +108,7 @@ async fn latencies(
     replicas: usize,
 ) -> (Duration, Duration) {
     create_streams(context, prefix, replicas).await;
-    let payload = Bytes::from(vec![7u8; STATE_BYTES]);
+    let payload = Bytes::from(vec![7u8; bytes]);
     let (mut raw, mut calls) = (Vec::with_capacity(SAMPLES), Vec::with_capacity(SAMPLES));
     for n in 0..SAMPLES as u64 {
         let started = Instant::now();
@@ -95,6 +133,7 @@ async fn latencies(
 /// Raw publish-acks per second from 64 publishers, each waiting for its ack before its
 /// next publish, over [`PARTITIONS`] streams.
 async fn raw_throughput(
+    bytes: usize,
     context: &jetstream::Context,
     prefix: &str,
     replicas: usize,
@@ -107,7 +146,7 @@ async fn raw_throughput(
         let context = context.clone();
         let subject = format!("{prefix}.{}", k % u64::from(PARTITIONS));
         tasks.push(tokio::spawn(async move {
-            let payload = Bytes::from(vec![7u8; STATE_BYTES]);
+            let payload = Bytes::from(vec![7u8; bytes]);
             for _ in 0..PER_KEY {
                 let mut message = PublishMessage::build().payload(payload.clone());
                 if with_ids {
@@ -145,7 +184,12 @@ async fn create_streams(context: &jetstream::Context, prefix: &str, replicas: us
 
 /// Appends per second to a fenced log from 64 tasks, over [`PARTITIONS`] streams: the log
 /// alone, without the durable call around it.
-async fn log_appends(context: &jetstream::Context, prefix: &str, replicas: usize) -> f64 {
+async fn log_appends(
+    bytes: usize,
+    context: &jetstream::Context,
+    prefix: &str,
+    replicas: usize,
+) -> f64 {
     let log = fenced_log(context, prefix, replicas).await;
     let started = Instant::now();
     let mut tasks = Vec::new();
@@ -153,7 +197,7 @@ async fn log_appends(context: &jetstream::Context, prefix: &str, replicas: usize
         let log = Arc::clone(&log);
         tasks.push(tokio::spawn(async move {
             for _ in 0..PER_KEY {
-                log.append(k % PARTITIONS, vec![7u8; STATE_BYTES])
+                log.append(k % PARTITIONS, vec![7u8; bytes])
                     .await
                     .expect("append");
             }
@@ -173,6 +217,8 @@ fn main() {
         .expect("runtime");
     let functions = noop_functions();
     runtime.block_on(async {
+        let (one_call, mean) = state_sizes(&functions).await;
+        println!("a state with one call: {one_call} bytes; 64 keys' states, mean: {mean} bytes");
         for (setup, nodes, replicas) in [("one node", 1, 1), ("3 nodes, R3", 3, 3)] {
             let servers = if nodes == 1 {
                 NatsServers::single()
@@ -183,16 +229,17 @@ fn main() {
             let context = jetstream::new(connect_nats(&servers.url()).await.expect("connects"));
             let store = open_store(&context, "calls", replicas).await;
             // Warm up first: a cluster just started is still settling its leaders.
-            latencies(&context, &store, &functions, "raw", replicas).await;
-            let (raw, call) = latencies(&context, &store, &functions, "raw", replicas).await;
+            latencies(one_call, &context, &store, &functions, "raw", replicas).await;
+            let (raw, call) =
+                latencies(one_call, &context, &store, &functions, "raw", replicas).await;
             println!("{setup}: raw publish-ack, median of {SAMPLES}:          {raw:>10.1?}");
             println!(
                 "{setup}: live durable call, one key, median:      {call:>10.1?}  ({:.2}x raw)",
                 call.as_secs_f64() / raw.as_secs_f64()
             );
-            let raw_rate = raw_throughput(&context, "raw64", replicas, false).await;
-            let id_rate = raw_throughput(&context, "raw64ids", replicas, true).await;
-            let appends = log_appends(&context, "appends", replicas).await;
+            let raw_rate = raw_throughput(mean, &context, "raw64", replicas, false).await;
+            let id_rate = raw_throughput(mean, &context, "raw64ids", replicas, true).await;
+            let appends = log_appends(mean, &context, "appends", replicas).await;
             let store = open_store(&context, "calls64", replicas).await;
             let rate = calls_per_second_64_keys(&store, &functions, PER_KEY).await;
             println!("{setup}: raw publish-acks, 64 publishers:        {raw_rate:>10.0} /s");
@@ -205,8 +252,9 @@ fn main() {
                 raw_rate / appends
             );
             println!(
-                "{setup}: durable calls, 64 keys:                  {rate:>10.0} /s  ({:.2}x raw's time)",
-                raw_rate / rate
+                "{setup}: durable calls, 64 keys:                  {rate:>10.0} /s  ({:.2}x raw's time; {:.2}x with ids)",
+                raw_rate / rate,
+                id_rate / rate
             );
         }
     });

@@ -16,10 +16,23 @@ pub struct InputLine {
 
 /// A line that is not a valid input. The line is skipped and counted; the run goes on.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("line {line}: {message}")]
+#[error("{}: {message}", self.place())]
 pub struct LineError {
+    /// The line number, or for a message of a stream its position there.
     pub line: usize,
     pub message: String,
+    /// The stream the input was a message of; `None` for a line of a file.
+    pub stream: Option<String>,
+}
+
+impl LineError {
+    /// Where the input was: `line 3`, or `message 3 of stream S`.
+    pub fn place(&self) -> String {
+        match &self.stream {
+            Some(stream) => format!("message {} of stream {stream}", self.line),
+            None => format!("line {}", self.line),
+        }
+    }
 }
 
 #[derive(Deserialize)]
@@ -37,11 +50,13 @@ pub fn parse_line(line: usize, text: &str) -> Result<Option<InputLine>, LineErro
     let raw: Raw = serde_json::from_str(text).map_err(|e| LineError {
         line,
         message: format!("not an input ({e}); expected {{\"key\": \"...\", \"payload\": <json>}}"),
+        stream: None,
     })?;
     if raw.key.is_empty() {
         return Err(LineError {
             line,
             message: "`key` is empty".to_owned(),
+            stream: None,
         });
     }
     Ok(Some(InputLine {
@@ -63,11 +78,13 @@ pub fn read_lines(reader: impl BufRead) -> impl Iterator<Item = Result<InputLine
                 Err(e) => Err(LineError {
                     line,
                     message: format!("cannot read: {e}"),
+                    stream: None,
                 }),
                 Ok(bytes) => match String::from_utf8(bytes) {
                     Err(_) => Err(LineError {
                         line,
                         message: "not UTF-8 text".to_owned(),
+                        stream: None,
                     }),
                     Ok(text) => parse_line(line, &text),
                 },

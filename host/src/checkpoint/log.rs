@@ -1,22 +1,29 @@
 //! `LogCheckpoints`: checkpoints as records of one partition of a [`Log`].
 //!
 //! Each save appends the checkpoint as one record (JSON), so a save is atomic exactly as an
-//! append is; then retention deletes the records before the newest `keep`. On JetStream this
+//! append is; then retention deletes the records before the newest `keep`. The store knows
+//! where its checkpoints are (it reads them once, then notes each save), so a save reads
+//! nothing back. On JetStream this
 //! is how checkpoints live in the cluster instead of on a host's disk, and a fenced log
 //! makes a save by a host that lost its partition fail.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 use async_trait::async_trait;
 
 use super::{Checkpoint, CheckpointError, CheckpointId, CheckpointStore};
-use crate::log::{Log, Record};
+use crate::log::{Log, Offset, Record};
 
-/// Checkpoints in partition `partition` of `log`, which holds nothing else.
+/// Checkpoints in partition `partition` of `log`, which holds nothing else and which one
+/// store writes at a time (on JetStream, the fenced holder's).
 #[derive(Clone, Debug)]
 pub struct LogCheckpoints {
     log: Arc<dyn Log>,
     partition: u32,
+    /// The offsets of the checkpoints the partition holds, oldest first: read at the first
+    /// save, then kept up to date by each one.
+    saved: Arc<tokio::sync::Mutex<Option<VecDeque<Offset>>>>,
 }
 
 fn io(context: &str, error: impl std::fmt::Display) -> CheckpointError {
@@ -28,7 +35,11 @@ fn io(context: &str, error: impl std::fmt::Display) -> CheckpointError {
 
 impl LogCheckpoints {
     pub fn new(log: Arc<dyn Log>, partition: u32) -> Self {
-        Self { log, partition }
+        Self {
+            log,
+            partition,
+            saved: Arc::default(),
+        }
     }
 
     /// Every record the partition holds, oldest first: the kept checkpoints (and, after a
@@ -69,21 +80,26 @@ impl LogCheckpoints {
 impl CheckpointStore for LogCheckpoints {
     async fn save(&self, checkpoint: &Checkpoint, keep: usize) -> Result<(), CheckpointError> {
         let payload = serde_json::to_vec(checkpoint).map_err(|e| io("encoding a checkpoint", e))?;
+        let mut saved = self.saved.lock().await;
+        let saved = match &mut *saved {
+            Some(saved) => saved,
+            None => saved.insert(self.records().await?.iter().map(|r| r.offset).collect()),
+        };
         let offset = self
             .log
             .append(self.partition, payload)
             .await
             .map_err(|e| io(&format!("saving checkpoint {}", checkpoint.id), e))?;
+        saved.push_back(offset);
         // Retention: the newest `keep` (this one included) stay. A failure here leaves more
         // than `keep`, which the next save deletes.
-        let records = self.records().await?;
-        let kept_from = records
-            .iter()
-            .filter(|r| r.offset <= offset)
-            .rev()
-            .nth(keep.max(1) - 1)
-            .map(|r| r.offset);
-        if let Some(from) = kept_from
+        let mut dropped = false;
+        while saved.len() > keep.max(1) {
+            saved.pop_front();
+            dropped = true;
+        }
+        if dropped
+            && let Some(&from) = saved.front()
             && let Err(e) = self.log.delete_below(self.partition, from).await
         {
             tracing::warn!("deleting old checkpoints: {e}");

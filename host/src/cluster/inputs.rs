@@ -165,7 +165,11 @@ impl Reader {
                 Ok(Some((position, payload))) => {
                     attempt = 0;
                     self.next = position + 1;
-                    if inputs.send(parse(position, &payload)).await.is_err() {
+                    if inputs
+                        .send(parse(&self.name, position, &payload))
+                        .await
+                        .is_err()
+                    {
                         return;
                     }
                 }
@@ -210,15 +214,19 @@ impl Reader {
     }
 }
 
-/// The input at `position`, or why it is not one.
-fn parse(position: u64, payload: &[u8]) -> Result<InputLine, LineError> {
+/// The input at `position` of stream `stream`, or why it is not one.
+fn parse(stream: &str, position: u64, payload: &[u8]) -> Result<InputLine, LineError> {
     let line = usize::try_from(position).unwrap_or(usize::MAX);
-    let text = std::str::from_utf8(payload).map_err(|_| LineError {
+    let not_an_input = |message: String| LineError {
         line,
-        message: "not UTF-8 text".to_owned(),
-    })?;
-    parse_line(line, text)?.ok_or_else(|| LineError {
-        line,
-        message: "an empty message".to_owned(),
-    })
+        message,
+        stream: Some(stream.to_owned()),
+    };
+    let text =
+        std::str::from_utf8(payload).map_err(|_| not_an_input("not UTF-8 text".to_owned()))?;
+    match parse_line(line, text) {
+        Ok(Some(input)) => Ok(input),
+        Ok(None) => Err(not_an_input("an empty message".to_owned())),
+        Err(error) => Err(not_an_input(error.message)),
+    }
 }

@@ -303,6 +303,11 @@ async fn two_hosts_one_killed_every_output_once_and_every_call_once() {
         b_log.matches("partition taken").count() > b_log.matches("letting it go").count() + 1,
         "B took A's partitions over:\n{b_log}"
     );
+    assert!(
+        format!("{a_log}{b_log}")
+            .contains("skipping input message 1 of stream t-in-0: not an input"),
+        "the malformed message is named by its stream and place:\n{a_log}\n----\n{b_log}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
