@@ -14,6 +14,13 @@
 //! the fence's first message. [`fence`] publishes `IN_FLIGHT` messages: once they are
 //! acknowledged, nothing an earlier holder sent can land after them, and whatever landed
 //! between them is read by the new holder's recovery like anything else before its fence.
+//!
+//! Two things keep "the last one acknowledged in order" honest: an acknowledgement counts
+//! only if it is for the place its publish expected (a retry whose first attempt had
+//! landed is answered with that attempt's place, and breaks the chain like a failure);
+//! and what a broken chain's later publishes were acknowledged with never moves it (they
+//! may have landed after a fence). Nothing is published again until the writer has read
+//! where the stream ends *and* heard from its authority that it still holds the partition.
 
 use std::collections::VecDeque;
 use std::future::IntoFuture as _;
@@ -37,11 +44,13 @@ pub const IN_FLIGHT: usize = 32;
 
 type AckFuture = Pin<Box<dyn Future<Output = Result<PublishAck, PublishError>> + Send>>;
 type Reply = oneshot::Sender<Result<Offset, LogError>>;
+/// An append as submitted: its payload, who waits for it, and since when.
+type Request = (Bytes, Reply, Instant);
 
 /// Where a fenced partition's appends go.
 #[derive(Debug)]
 pub struct Handle {
-    requests: mpsc::UnboundedSender<(Bytes, Reply)>,
+    requests: mpsc::UnboundedSender<Request>,
     fenced: Arc<AtomicBool>,
     stream: String,
 }
@@ -53,7 +62,8 @@ impl Handle {
         let (reply, receiver) = oneshot::channel();
         if self.fenced.load(Ordering::Acquire) {
             let _ = reply.send(Err(fenced(&self.stream)));
-        } else if let Err(mpsc::error::SendError((_, reply))) = self.requests.send((payload, reply))
+        } else if let Err(mpsc::error::SendError((_, reply, _))) =
+            self.requests.send((payload, reply, Instant::now()))
         {
             let _ = reply.send(Err(LogError::Closed));
         }
@@ -154,14 +164,14 @@ struct Writer {
     /// The stream's last sequence as far as this writer knows: its fence's, or that of the
     /// publish last settled in order, or what it read when it mended its chain.
     last: u64,
-    requests: mpsc::UnboundedReceiver<(Bytes, Reply)>,
+    requests: mpsc::UnboundedReceiver<Request>,
     /// No more requests will come.
     closed: bool,
     /// Appends to publish, in order: retries first.
     waiting: VecDeque<Append>,
-    /// Published and not settled, in the order published: the one at index I expects
-    /// `last + I`.
-    window: VecDeque<(Append, AckFuture)>,
+    /// Published and not settled, in the order published, each with the last sequence it
+    /// expects (the one at index I: `last + I`).
+    window: VecDeque<(Append, u64, AckFuture)>,
 }
 
 struct Append {
@@ -177,7 +187,7 @@ impl Writer {
         loop {
             self.publish_waiting().await;
             let room = self.window.len() < IN_FLIGHT && !self.closed;
-            let Some((_, ack)) = self.window.front_mut() else {
+            let Some((_, _, ack)) = self.window.front_mut() else {
                 match self.requests.recv().await {
                     Some(request) => self.waiting.push_back(Append::new(request)),
                     None => return,
@@ -195,18 +205,32 @@ impl Writer {
                     continue;
                 }
             };
-            let (append, _) = self.window.pop_front().expect("the front was there");
-            match result {
-                Ok(ack) => {
+            let (append, expected, _) = self.window.pop_front().expect("the front was there");
+            let broken = match result {
+                Ok(ack) if !ack.duplicate && ack.sequence == expected + 1 => {
                     attempt = 0;
-                    self.settle(append, &ack);
+                    self.last = ack.sequence;
+                    let _ = append.reply.send(Ok(ack.sequence - 1));
+                    continue;
+                }
+                // Landed, but not where the publishes after it predicted: a retry whose
+                // first attempt had landed before.
+                Ok(ack) => {
+                    tracing::debug!(stream = %self.spec.name, sequence = ack.sequence, expected, "an append had landed before; mending the chain");
+                    let _ = append.reply.send(Ok(ack.sequence - 1));
+                    Broken::default()
                 }
                 Err(error) => {
-                    attempt += 1;
-                    if self.mend(append, error, attempt).await.is_err() {
-                        return self.refuse_everything().await;
+                    tracing::debug!(stream = %self.spec.name, attempt, "append failed: {error}; mending the chain");
+                    Broken {
+                        refused: error.kind() == PublishErrorKind::WrongLastSequence,
+                        retries: vec![(append, error.to_string())],
                     }
                 }
+            };
+            attempt += 1;
+            if self.mend(broken, attempt).await.is_err() {
+                return self.refuse_everything().await;
             }
         }
     }
@@ -238,91 +262,110 @@ impl Writer {
                 Ok(future) => Box::pin(future.into_future()),
                 Err(error) => Box::pin(std::future::ready(Err(error))),
             };
-            self.window.push_back((append, ack));
+            self.window.push_back((append, expected, ack));
         }
     }
 
-    fn settle(&mut self, append: Append, ack: &PublishAck) {
-        // A retry of a publish that had landed gets its original sequence back.
-        self.last = self.last.max(ack.sequence);
-        let _ = append.reply.send(Ok(ack.sequence - 1));
-    }
-
-    /// `failed`, the oldest publish in flight, failed: the chain is broken, and nothing more
-    /// is published until it is mended. Settles what is still in flight, in order; reads
-    /// where the stream ends and asks whether this host still holds the partition: if so,
-    /// the failed appends are published again (same ids) from there; if not, the log is
-    /// fenced for good (`Err`).
-    async fn mend(
-        &mut self,
-        failed: Append,
-        error: PublishError,
-        attempt: u32,
-    ) -> Result<(), LogError> {
-        let mut refused = error.kind() == PublishErrorKind::WrongLastSequence;
-        tracing::debug!(stream = %self.spec.name, attempt, "append failed: {error}; mending the chain");
-        let mut retries = vec![(failed, error.to_string())];
-        while let Some((append, ack)) = self.window.pop_front() {
-            match ack.await {
-                Ok(ack) => self.settle(append, &ack),
+    /// The chain is broken (the oldest publish in flight failed, or landed elsewhere than
+    /// predicted): nothing more is published until it is mended. Settles what is still in
+    /// flight (together, so that their timeouts run at once), answering what landed
+    /// without moving `last` by it; then, until it knows, reads where the stream ends and
+    /// asks whether this host still holds the partition. If so, the failed appends are
+    /// published again (same ids) from there; if not, the log is fenced for good (`Err`).
+    async fn mend(&mut self, mut broken: Broken, attempt: u32) -> Result<(), LogError> {
+        let in_flight = self
+            .window
+            .drain(..)
+            .map(|(append, _, ack)| async move { (append, ack.await) });
+        for (append, result) in futures_util::future::join_all(in_flight).await {
+            match result {
+                Ok(ack) => {
+                    let _ = append.reply.send(Ok(ack.sequence - 1));
+                }
                 Err(error) => {
-                    refused |= error.kind() == PublishErrorKind::WrongLastSequence;
-                    retries.push((append, error.to_string()));
+                    broken.refused |= error.kind() == PublishErrorKind::WrongLastSequence;
+                    broken.retries.push((append, error.to_string()));
                 }
             }
         }
-        if !refused {
-            // Not an answer from the stream (a server restarting, a leader being elected):
-            // give it time.
-            tokio::time::sleep(backoff(attempt)).await;
-        }
-        let mended = async {
-            let last = last_sequence(&self.context, &self.spec.name).await?;
-            let holds = retrying(&format!("{}: asking for the lease", self.spec.name), || {
-                self.authority.holds()
-            })
-            .await?;
-            Ok::<_, LogError>((last, holds))
-        }
-        .await;
-        let last = match mended {
-            Ok((last, true)) => last,
-            Ok((_, false)) => {
-                tracing::warn!(stream = %self.spec.name, "fenced: another host holds the partition");
-                self.fenced.store(true, Ordering::Release);
-                for (append, _) in retries {
-                    let _ = append.reply.send(Err(fenced(&self.spec.name)));
+        let mut round = attempt;
+        loop {
+            // A refusal is the stream's answer, at once; anything else (a server
+            // restarting, a leader being elected, the lease unanswered) is given time.
+            if !broken.refused || round > attempt {
+                tokio::time::sleep(backoff(round)).await;
+            }
+            match resync(&self.context, &self.spec.name, &*self.authority).await {
+                Ok(last) => {
+                    self.last = last;
+                    for (append, error) in broken.retries.into_iter().rev() {
+                        if append.since.elapsed() >= RETRY_FOR {
+                            let _ = append.reply.send(Err(self.gave_up(&error)));
+                        } else {
+                            self.waiting.push_front(append);
+                        }
+                    }
+                    return Ok(());
                 }
-                return Err(fenced(&self.spec.name));
-            }
-            Err(error) => {
-                // Neither the stream nor the lease answers: these appends fail; later ones
-                // try again.
-                let error = error.to_string();
-                for (append, _) in retries {
-                    let _ = append.reply.send(Err(io(
-                        format!("appending to {}", self.spec.subject),
-                        &error,
-                    )));
+                Err(Unsettled::Fenced) => {
+                    tracing::warn!(stream = %self.spec.name, "fenced: another host holds the partition");
+                    self.fenced.store(true, Ordering::Release);
+                    for (append, _) in broken.retries {
+                        let _ = append.reply.send(Err(fenced(&self.spec.name)));
+                    }
+                    return Err(fenced(&self.spec.name));
                 }
-                return Ok(());
-            }
-        };
-        self.last = last;
-        for (append, error) in retries.into_iter().rev() {
-            if append.since.elapsed() >= RETRY_FOR {
-                let _ = append.reply.send(Err(io(
-                    format!(
-                        "appending to {} (retried for {RETRY_FOR:?})",
-                        self.spec.subject
-                    ),
-                    error,
-                )));
-            } else {
-                self.waiting.push_front(append);
+                Err(Unsettled::Unanswered(error)) => {
+                    tracing::debug!(stream = %self.spec.name, round, "mending the chain: {error}");
+                    // Appends that have waited RETRY_FOR fail; the others wait on.
+                    self.take_requests();
+                    let retries = std::mem::take(&mut broken.retries);
+                    for (append, last_error) in retries {
+                        if append.since.elapsed() >= RETRY_FOR {
+                            let _ = append.reply.send(Err(self.gave_up(&last_error)));
+                        } else {
+                            broken.retries.push((append, last_error));
+                        }
+                    }
+                    let waiting = std::mem::take(&mut self.waiting);
+                    for append in waiting {
+                        if append.since.elapsed() >= RETRY_FOR {
+                            let _ = append.reply.send(Err(self.gave_up(&error)));
+                        } else {
+                            self.waiting.push_back(append);
+                        }
+                    }
+                    if self.closed && broken.retries.is_empty() && self.waiting.is_empty() {
+                        return Ok(());
+                    }
+                    round += 1;
+                }
             }
         }
-        Ok(())
+    }
+
+    /// Moves the requests submitted so far to the waiting appends.
+    fn take_requests(&mut self) {
+        loop {
+            match self.requests.try_recv() {
+                Ok(request) => self.waiting.push_back(Append::new(request)),
+                Err(mpsc::error::TryRecvError::Empty) => return,
+                Err(mpsc::error::TryRecvError::Disconnected) => {
+                    self.closed = true;
+                    return;
+                }
+            }
+        }
+    }
+
+    fn gave_up(&self, error: &str) -> LogError {
+        io(
+            format!(
+                "appending to {} (retried for {RETRY_FOR:?})",
+                self.spec.subject
+            ),
+            error,
+        )
     }
 
     /// Fenced: every append queued or still to come is refused.
@@ -330,31 +373,58 @@ impl Writer {
         for append in self.waiting.drain(..) {
             let _ = append.reply.send(Err(fenced(&self.spec.name)));
         }
-        while let Some((_, reply)) = self.requests.recv().await {
+        while let Some((_, reply, _)) = self.requests.recv().await {
             let _ = reply.send(Err(fenced(&self.spec.name)));
         }
     }
 }
 
 impl Append {
-    fn new((payload, reply): (Bytes, Reply)) -> Self {
+    fn new((payload, reply, since): Request) -> Self {
         Self {
             id: format!("{:032x}", rand::random::<u128>()),
             payload,
-            since: Instant::now(),
+            since,
             reply,
         }
     }
 }
 
-/// The stream's last sequence (0 when it never held a message).
-async fn last_sequence(context: &jetstream::Context, name: &str) -> Result<u64, LogError> {
+/// Where stream `name` ends, once `authority` says this host still holds the partition
+/// (asked after the read: a holder that says yes was not fenced before it).
+async fn resync(
+    context: &jetstream::Context,
+    name: &str,
+    authority: &dyn Authority,
+) -> Result<u64, Unsettled> {
     let mut quick = context.clone();
     quick.set_timeout(CONSUMER_WITHIN);
-    retrying(&format!("{name}: reading where it ends"), || async {
+    let last = async {
         let stream = quick.get_stream_no_info(name).await?;
         let info = stream.get_info().await?;
         Ok::<_, async_nats::Error>(info.state.last_sequence)
-    })
+    }
     .await
+    .map_err(|e| Unsettled::Unanswered(format!("reading where the stream ends: {e}")))?;
+    match authority.holds().await {
+        Ok(true) => Ok(last),
+        Ok(false) => Err(Unsettled::Fenced),
+        Err(e) => Err(Unsettled::Unanswered(format!("asking for the lease: {e}"))),
+    }
+}
+
+/// A broken chain: whether the stream refused a publish, and the appends to publish again
+/// with the last error of each.
+#[derive(Default)]
+struct Broken {
+    refused: bool,
+    retries: Vec<(Append, String)>,
+}
+
+/// Why a broken chain is not mended yet.
+enum Unsettled {
+    /// Another host holds the partition.
+    Fenced,
+    /// The stream or the authority did not answer.
+    Unanswered(String),
 }

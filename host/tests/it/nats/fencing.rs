@@ -49,6 +49,18 @@ async fn open(url: &str, name: &'static str, holder: &Arc<Holder>) -> JetStreamL
     .expect("the holder opens its log")
 }
 
+/// The offset of the last fence message: that of the newest holder's fence, after which
+/// nothing an earlier holder sent may land.
+async fn last_fence(url: &str) -> u64 {
+    let context = async_nats::jetstream::new(connect_nats(url).await.expect("connects"));
+    let stream = context.get_stream("fenced-0").await.expect("stream");
+    let fence = stream
+        .get_last_raw_message_by_subject("fenced.0.fence")
+        .await
+        .expect("a fence");
+    fence.sequence - 1
+}
+
 async fn everything(log: &dyn Log) -> Vec<(u64, Vec<u8>)> {
     let (start, end) = log.bounds(0).await.expect("bounds");
     let mut records = Vec::new();
@@ -136,7 +148,8 @@ async fn a_takeover_during_writes_leaves_exactly_the_acknowledged_ones() {
     for writer in writers {
         acknowledged.extend(writer.await.expect("writer"));
     }
-    let fenced_at = successor.append(0, b"b".to_vec()).await.expect("B writes");
+    let fence = last_fence(&server.url()).await;
+    successor.append(0, b"b".to_vec()).await.expect("B writes");
 
     let records = everything(&successor).await;
     let from_a: BTreeSet<(u64, Vec<u8>)> = records
@@ -154,8 +167,9 @@ async fn a_takeover_during_writes_leaves_exactly_the_acknowledged_ones() {
         "every write A was told landed is in the log, and no other"
     );
     assert!(
-        from_a.iter().all(|(offset, _)| *offset < fenced_at),
-        "nothing of A's lands after B's fence"
+        from_a.iter().all(|(offset, _)| *offset < fence),
+        "nothing of A's lands after B's fence (at {fence}): {:?}",
+        from_a.iter().map(|(offset, _)| offset).max()
     );
 }
 
@@ -202,15 +216,16 @@ async fn a_zombies_pipelined_writes_cannot_land_after_the_fence() {
             // Wakes while the fence is being written.
             tokio::join!(open(&url, "b", &holder), window)
         };
-        let first = successor
+        let fence = last_fence(&url).await;
+        assert!(
+            landed.iter().all(|&offset| offset < fence),
+            "round {round}: the zombie's writes that landed ({landed:?}) are all before the end \
+             of the new holder's fence ({fence})"
+        );
+        successor
             .append(0, format!("b-{round}").into_bytes())
             .await
             .expect("the new holder writes");
-        assert!(
-            landed.iter().all(|&offset| offset < first),
-            "round {round}: the zombie's writes that landed ({landed:?}) are all before the new \
-             holder's first ({first})"
-        );
         if round == 0 {
             assert!(
                 landed.is_empty(),
@@ -222,12 +237,23 @@ async fn a_zombies_pipelined_writes_cannot_land_after_the_fence() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn appends_carry_on_across_a_server_restart() {
-    let mut server = NatsServers::single().expect("nats-server starts");
-    let log = Arc::new(
-        JetStreamLog::connect(&server.url(), "restart", 1, 1)
-            .await
-            .expect("connects"),
-    );
+    let server = NatsServers::single().expect("nats-server starts");
+    let log = JetStreamLog::connect(&server.url(), "restart", 1, 1)
+        .await
+        .expect("connects");
+    carry_on_across_a_restart(server, log).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fenced_appends_carry_on_across_a_server_restart() {
+    let server = NatsServers::single().expect("nats-server starts");
+    let log = open(&server.url(), "a", &Arc::new(Holder::default())).await;
+    carry_on_across_a_restart(server, log).await;
+}
+
+/// 400 appends, one after the other, while the server restarts: each lands once, in order.
+async fn carry_on_across_a_restart(mut server: NatsServers, log: JetStreamLog) {
+    let log = Arc::new(log);
     let writer = {
         let log = Arc::clone(&log);
         tokio::spawn(async move {
