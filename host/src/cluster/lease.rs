@@ -260,12 +260,37 @@ impl Lease {
                 *self.renewed.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
                 Renewal::Renewed
             }
-            Err(e) if e.kind() == UpdateErrorKind::WrongLastRevision => Renewal::Lost,
+            // Moved by someone else, or by this host's own renewal whose answer was lost.
+            Err(e) if e.kind() == UpdateErrorKind::WrongLastRevision => match self.entry().await {
+                Ok(Some(revision)) => {
+                    self.revision.store(revision, Ordering::Release);
+                    *self.renewed.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
+                    Renewal::Renewed
+                }
+                Ok(None) => Renewal::Lost,
+                Err(e) => {
+                    tracing::debug!(partition = self.partition, "reading the lease: {e}");
+                    Renewal::Unknown
+                }
+            },
             Err(e) => {
                 tracing::debug!(partition = self.partition, "renewing the lease: {e}");
                 Renewal::Unknown
             }
         }
+    }
+
+    /// The lease's revision if its key holds this lease (this host's holding, this token).
+    async fn entry(&self) -> Result<Option<u64>, String> {
+        let entry = self.kv.entry(&self.key).await.map_err(|e| e.to_string())?;
+        Ok(entry.and_then(|entry| {
+            let mine = entry.operation == Operation::Put
+                && serde_json::from_slice::<Holding>(&entry.value)
+                    .ok()
+                    .as_ref()
+                    == Some(&self.holding);
+            mine.then_some(entry.revision)
+        }))
     }
 
     /// How long ago the last renewal (or the acquisition) succeeded.
@@ -293,13 +318,6 @@ impl Lease {
 #[async_trait]
 impl Authority for Lease {
     async fn holds(&self) -> Result<bool, String> {
-        let entry = self.kv.entry(&self.key).await.map_err(|e| e.to_string())?;
-        Ok(entry.is_some_and(|entry| {
-            entry.operation == Operation::Put
-                && serde_json::from_slice::<Holding>(&entry.value)
-                    .ok()
-                    .as_ref()
-                    == Some(&self.holding)
-        }))
+        Ok(self.entry().await?.is_some())
     }
 }
