@@ -6,6 +6,7 @@ mod config;
 pub mod input;
 pub mod output;
 mod scheduler;
+mod task;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -16,7 +17,7 @@ pub use config::{
     FunctionKind, StateConfig,
 };
 pub use output::{JsonlSink, OutputSink, OutputWriter};
-pub use scheduler::{Checkpointing, Progress, RunOptions, Summary, run_inputs};
+pub use scheduler::{Checkpointing, Progress, Retention, RunOptions, Summary, run_inputs};
 
 use crate::durable::digest::{input_trigger, sent_trigger};
 use crate::durable::{CallPolicy, CallStats, DurableCalls};
@@ -227,11 +228,11 @@ impl Agent {
     /// [`process`](Self::process) in a task of its own, so that a panic fails this input
     /// (as [`InputError::Panicked`]) and not its caller.
     pub async fn process_isolated(self: &Arc<Self>, input: &Input) -> InputReport {
-        let task = tokio::spawn({
+        let task = task::AbortOnDrop(tokio::spawn({
             let agent = Arc::clone(self);
             let input = input.clone();
             async move { agent.process(&input).await }
-        });
+        }));
         match task.await {
             Ok(report) => report,
             Err(error) => {

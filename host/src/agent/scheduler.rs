@@ -4,11 +4,13 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use async_trait::async_trait;
 use futures_util::{Stream, StreamExt as _};
 use tokio::sync::{Semaphore, mpsc};
 
 use super::input::{InputLine, LineError};
 use super::output::OutputSink;
+use super::task::AbortOnDrop;
 use super::{Agent, InputError, InputReport};
 use crate::checkpoint::{Checkpoint, CheckpointId, CheckpointStore, KeyProgress, PendingInput};
 use crate::crash::{self, CrashPoint};
@@ -57,9 +59,29 @@ pub struct Checkpointing {
     pub every: Option<Duration>,
     /// Checkpoints kept.
     pub keep: usize,
-    /// The log under the agent's store: retention deletes what the oldest kept checkpoint
-    /// no longer needs.
-    pub retention: Option<Arc<dyn Log>>,
+    /// What each checkpoint lets go of: the log under the agent's store, the inputs read.
+    pub retention: Vec<Arc<dyn Retention>>,
+}
+
+/// Data that checkpoints make unneeded: once a checkpoint is saved, what the oldest one
+/// kept no longer needs is deleted.
+#[async_trait]
+pub trait Retention: Send + Sync + std::fmt::Debug {
+    /// Deletes what `oldest`, the oldest checkpoint kept, no longer needs. Best effort: a
+    /// failure is logged, and the next checkpoint tries again.
+    async fn retain(&self, oldest: &Checkpoint);
+}
+
+/// The log under the agent's store: its records below the oldest checkpoint's marker.
+#[async_trait]
+impl Retention for Arc<dyn Log> {
+    async fn retain(&self, oldest: &Checkpoint) {
+        for (partition, &offset) in (0..self.partitions()).zip(&oldest.marker.offsets) {
+            if let Err(e) = self.delete_below(partition, offset).await {
+                tracing::warn!(partition, "retention: {e}");
+            }
+        }
+    }
 }
 
 /// How [`run_inputs`] runs.
@@ -115,6 +137,7 @@ pub async fn run_inputs<S: OutputSink>(
         done_tx: Some(done_tx),
         done_rx,
         workers: HashMap::new(),
+        worker_tasks: Vec::new(),
         tracker: Tracker::default(),
         summary: Summary::default(),
         sink,
@@ -176,6 +199,8 @@ struct Run<'a, S: OutputSink> {
     done_tx: Option<mpsc::UnboundedSender<(Input, InputReport)>>,
     done_rx: mpsc::UnboundedReceiver<(Input, InputReport)>,
     workers: HashMap<String, mpsc::UnboundedSender<Input>>,
+    /// The key workers' tasks: aborted if the run is dropped before it finishes.
+    worker_tasks: Vec<AbortOnDrop<()>>,
     tracker: Tracker,
     summary: Summary,
     sink: &'a mut S,
@@ -244,12 +269,12 @@ impl<S: OutputSink> Run<'_, S> {
         };
         let queue = self.workers.entry(input.key.clone()).or_insert_with(|| {
             let (tx, rx) = mpsc::unbounded_channel();
-            tokio::spawn(key_worker(
+            self.worker_tasks.push(AbortOnDrop(tokio::spawn(key_worker(
                 Arc::clone(&self.agent),
                 rx,
                 Arc::clone(&self.permits),
                 done,
-            ));
+            ))));
             tx
         });
         if let Err(mpsc::error::SendError(input)) = queue.send(input) {
@@ -410,15 +435,15 @@ impl<S: OutputSink> Run<'_, S> {
                 tracing::warn!(key = %key, "pruning after checkpoint {id}: {e}");
             }
         }
-        if let Some(log) = &checkpointing.retention {
-            retain(&*checkpointing.store, &**log).await;
+        if !checkpointing.retention.is_empty() {
+            retain(checkpointing).await;
         }
     }
 }
 
-/// Deletes log data below the oldest kept checkpoint's marker.
-async fn retain(checkpoints: &dyn CheckpointStore, log: &dyn Log) {
-    let oldest = match checkpoints.oldest().await {
+/// Deletes what the oldest kept checkpoint no longer needs.
+async fn retain(checkpointing: &Checkpointing) {
+    let oldest = match checkpointing.store.oldest().await {
         Ok(Some(oldest)) => oldest,
         Ok(None) => return,
         Err(e) => {
@@ -426,10 +451,8 @@ async fn retain(checkpoints: &dyn CheckpointStore, log: &dyn Log) {
             return;
         }
     };
-    for (partition, &offset) in (0..log.partitions()).zip(&oldest.marker.offsets) {
-        if let Err(e) = log.delete_below(partition, offset).await {
-            tracing::warn!(partition, "retention: {e}");
-        }
+    for retention in &checkpointing.retention {
+        retention.retain(&oldest).await;
     }
 }
 

@@ -42,16 +42,17 @@ impl LogCheckpoints {
         }
     }
 
-    /// Every record the partition holds, oldest first: the kept checkpoints (and, after a
-    /// crash between an append and its retention, a few more).
-    async fn records(&self) -> Result<Vec<Record>, CheckpointError> {
+    /// Every record the partition holds from `from` (the start when `None`), oldest first:
+    /// from the start, the kept checkpoints (and, after a crash between an append and its
+    /// retention, a few more).
+    async fn records_from(&self, from: Option<Offset>) -> Result<Vec<Record>, CheckpointError> {
         let (start, end) = self
             .log
             .bounds(self.partition)
             .await
             .map_err(|e| io("reading the checkpoints' bounds", e))?;
         let mut records = Vec::new();
-        let mut next = start;
+        let mut next = from.unwrap_or(start).max(start);
         while next < end {
             let batch = self
                 .log
@@ -63,6 +64,20 @@ impl LogCheckpoints {
             records.extend(batch);
         }
         Ok(records)
+    }
+
+    async fn records(&self) -> Result<Vec<Record>, CheckpointError> {
+        self.records_from(None).await
+    }
+
+    /// The first record at or after `offset`.
+    async fn first_from(&self, offset: Offset) -> Result<Option<Record>, CheckpointError> {
+        let records = self
+            .log
+            .read(self.partition, offset, 1)
+            .await
+            .map_err(|e| io("reading a checkpoint", e))?;
+        Ok(records.into_iter().next())
     }
 
     fn decode(&self, record: &Record) -> Result<Checkpoint, CheckpointError> {
@@ -108,10 +123,16 @@ impl CheckpointStore for LogCheckpoints {
     }
 
     async fn latest(&self) -> Result<Option<Checkpoint>, CheckpointError> {
-        match self.records().await?.last() {
-            Some(record) => self.decode(record).map(Some),
-            None => Ok(None),
-        }
+        let last_saved = self
+            .saved
+            .lock()
+            .await
+            .as_ref()
+            .and_then(|saved| saved.back().copied());
+        // From the last this store saved: normally that one record, but anything appended
+        // after it too.
+        let record = self.records_from(last_saved).await?.pop();
+        record.map(|record| self.decode(&record)).transpose()
     }
 
     async fn list(&self) -> Result<Vec<CheckpointId>, CheckpointError> {
@@ -123,10 +144,13 @@ impl CheckpointStore for LogCheckpoints {
     }
 
     async fn oldest(&self) -> Result<Option<Checkpoint>, CheckpointError> {
-        match self.records().await?.first() {
-            Some(record) => self.decode(record).map(Some),
-            None => Ok(None),
-        }
+        let (start, _) = self
+            .log
+            .bounds(self.partition)
+            .await
+            .map_err(|e| io("reading the checkpoints' bounds", e))?;
+        let record = self.first_from(start).await?;
+        record.map(|record| self.decode(&record)).transpose()
     }
 }
 

@@ -91,7 +91,7 @@ pub async fn run(args: RunArgs, sandbox: Sandbox) -> anyhow::Result<ExitCode> {
         every_inputs: Some(config.checkpoint_every_inputs),
         every: Some(Duration::from_millis(config.checkpoint_every_ms)),
         keep: config.keep_checkpoints,
-        retention: Some(recovered.log.clone()),
+        retention: vec![Arc::new(recovered.log.clone())],
     };
     let options = RunOptions {
         checkpointing: Some(&checkpointing),

@@ -4,13 +4,15 @@
 //! `PREFIX.in.TENANT.AGENT.P`. An event goes to its key's partition, the same hash the store
 //! uses for its states (`KeyScope::partition`). Its message is the line `rewind run` reads,
 //! `{"key": ..., "payload": ...}`; its position is its stream sequence, which a checkpoint
-//! records and a host that takes the partition over resumes after.
+//! records and a host that takes the partition over resumes after. Once no kept checkpoint
+//! needs them, an agent's inputs are purged ([`InputRetention`]).
 
 use std::time::Duration;
 
 use async_nats::jetstream::message::PublishMessage;
 use async_nats::jetstream::stream::RawMessageErrorKind;
 use async_nats::jetstream::{self, stream};
+use async_trait::async_trait;
 use bytes::Bytes;
 use futures_util::StreamExt as _;
 use futures_util::stream::BoxStream;
@@ -18,7 +20,9 @@ use serde::Serialize;
 use tokio::sync::mpsc;
 
 use super::Layout;
+use crate::agent::Retention;
 use crate::agent::input::{InputLine, LineError, parse_line};
+use crate::checkpoint::Checkpoint;
 use crate::log::jetstream::retrying;
 use crate::store::KeyScope;
 
@@ -228,5 +232,52 @@ fn parse(stream: &str, position: u64, payload: &[u8]) -> Result<InputLine, LineE
         Ok(Some(input)) => Ok(input),
         Ok(None) => Err(not_an_input("an empty message".to_owned())),
         Err(error) => Err(not_an_input(error.message)),
+    }
+}
+
+/// Retention of one agent's inputs in a partition: the messages of its subject up to the
+/// oldest kept checkpoint's position are purged. (Those the checkpoint had not seen
+/// finish are in it, and rerun from there.)
+#[derive(Debug)]
+pub struct InputRetention {
+    context: jetstream::Context,
+    stream: String,
+    subject: String,
+}
+
+impl InputRetention {
+    pub fn new(
+        context: &jetstream::Context,
+        layout: &Layout,
+        tenant: &str,
+        agent: &str,
+        partition: u32,
+    ) -> Self {
+        Self {
+            context: context.clone(),
+            stream: layout.input_stream(partition),
+            subject: layout.input_subject(tenant, agent, partition),
+        }
+    }
+}
+
+#[async_trait]
+impl Retention for InputRetention {
+    async fn retain(&self, oldest: &Checkpoint) {
+        let below = oldest.input_position + 1;
+        let purged = async {
+            let stream = self.context.get_stream_no_info(&self.stream).await?;
+            // Nothing below the stream's first message: and nats-server 2.9 purges
+            // everything when asked to purge up to it.
+            if below <= stream.get_info().await?.state.first_sequence {
+                return Ok(());
+            }
+            stream.purge().filter(&self.subject).sequence(below).await?;
+            Ok::<_, async_nats::Error>(())
+        }
+        .await;
+        if let Err(e) = purged {
+            tracing::warn!(stream = %self.stream, "purging the inputs read: {e}");
+        }
     }
 }

@@ -126,7 +126,16 @@ pub async fn run(
         every_inputs: Some(config.state.checkpoint_every_inputs),
         every: Some(Duration::from_millis(config.state.checkpoint_every_ms)),
         keep: config.state.keep_checkpoints,
-        retention: Some(state_log),
+        retention: vec![
+            Arc::new(state_log),
+            Arc::new(inputs::InputRetention::new(
+                context,
+                layout,
+                &partition.tenant,
+                &config.name,
+                number,
+            )),
+        ],
     };
     let options = RunOptions {
         checkpointing: Some(&checkpointing),

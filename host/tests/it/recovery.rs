@@ -85,7 +85,7 @@ async fn process(
         every_inputs: shape.every_inputs,
         every: None,
         keep: 3,
-        retention: Some(log),
+        retention: vec![Arc::new(log)],
     };
     let lines: Vec<_> = lines
         .iter()

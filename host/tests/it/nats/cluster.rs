@@ -202,6 +202,21 @@ async fn outputs(url: &str, replicas: usize) -> Vec<OutputRecord> {
     all
 }
 
+/// How many messages the input streams still hold.
+async fn inputs_held(url: &str, replicas: usize) -> u64 {
+    let context = async_nats::jetstream::new(connect_nats(url).await.expect("connects"));
+    let layout = layout(replicas);
+    let mut held = 0;
+    for partition in 0..PARTITIONS {
+        let mut stream = context
+            .get_stream(layout.input_stream(partition))
+            .await
+            .expect("input stream");
+        held += stream.info().await.expect("info").state.messages;
+    }
+    held
+}
+
 /// Waits until there are `count` outputs (or more), or fails after `within`.
 async fn wait_for_outputs(
     url: &str,
@@ -302,6 +317,13 @@ async fn two_hosts_one_killed_every_output_once_and_every_call_once() {
     assert!(
         b_log.matches("partition taken").count() > b_log.matches("letting it go").count() + 1,
         "B took A's partitions over:\n{b_log}"
+    );
+    // Inputs that no kept checkpoint needs are purged.
+    let held = inputs_held(&url, 1).await;
+    assert!(
+        held < u64::from(inputs) / 2,
+        "the inputs read are purged: {held} of {} still held",
+        inputs + 1
     );
     assert!(
         format!("{a_log}{b_log}")
