@@ -11,7 +11,7 @@
 //! until it has asked whether it still holds the partition. Every publish it made predicts
 //! at most [`IN_FLIGHT`] places past the last one acknowledged to it in order, which is
 //! before the fence; so none of its messages can land more than `IN_FLIGHT - 1` places after
-//! the fence's first message. [`fence`] publishes `IN_FLIGHT` messages: once they are
+//! the fence's first message. A fence ([`start`]) is `IN_FLIGHT` messages: once they are
 //! acknowledged, nothing an earlier holder sent can land after them, and whatever landed
 //! between them is read by the new holder's recovery like anything else before its fence.
 //!
@@ -104,12 +104,17 @@ pub async fn start(
             .await;
         acks.push((id, ack));
     }
-    let mut last = 0;
-    for (id, ack) in acks {
+    // Awaited together: each acknowledgement's timeout starts when it is awaited.
+    let acks = futures_util::future::join_all(acks.into_iter().map(|(id, ack)| async move {
         let first = match ack {
             Ok(future) => future.await,
             Err(error) => Err(error),
         };
+        (id, first)
+    }))
+    .await;
+    let mut last = 0;
+    for (id, first) in acks {
         let ack = match first {
             Ok(ack) => ack,
             Err(_) => {
