@@ -1,11 +1,11 @@
 //! `JetStreamLog`: the log on NATS JetStream.
 //!
 //! One stream per partition; a record's offset is its stream sequence − 1, taken from the
-//! publish acknowledgement. An append publishes at once and awaits its own acknowledgement,
-//! so appends from many tasks are in flight together. It is retried (with backoff, for up to
-//! [`RETRY_FOR`]) with the same `Nats-Msg-Id`, so a retry whose first attempt landed gets the
-//! original sequence back instead of a second record. Reads replay through an ordered
-//! consumer.
+//! publish acknowledgement. Appends from many tasks are in flight together (an unfenced
+//! append publishes at once and awaits its own acknowledgement). An append is retried (with
+//! backoff, for up to [`RETRY_FOR`]) with the same `Nats-Msg-Id`, so a retry whose first
+//! attempt landed gets the original sequence back instead of a second record. Reads replay
+//! through an ordered consumer.
 //!
 //! A fenced log ([`JetStreamLog::open`] with an [`Authority`]) is one that a lease holder
 //! writes. Opening it fences each partition's stream with messages on its fence subject
