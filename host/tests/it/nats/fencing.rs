@@ -391,3 +391,115 @@ async fn a_replica_back_after_a_quiet_spell_keeps_every_write_when_it_leads() {
         "every acknowledged write is in the log, read from the restarted replica"
     );
 }
+
+/// A TCP proxy to a NATS server that can hold back what the server sends (acknowledgements
+/// among it) while the client's publishes still get through: acknowledgements are lost to
+/// the client's timeout though their messages landed.
+struct Proxy {
+    url: String,
+    hold: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Proxy {
+    async fn start(server: &str) -> Self {
+        let server = server.trim_start_matches("nats://").to_owned();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let url = format!("nats://{}", listener.local_addr().expect("addr"));
+        let hold = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let held = Arc::clone(&hold);
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let Ok(upstream) = tokio::net::TcpStream::connect(&server).await else {
+                    continue;
+                };
+                let (mut client_read, mut client_write) = client.into_split();
+                let (mut server_read, mut server_write) = upstream.into_split();
+                tokio::spawn(async move {
+                    let _ = tokio::io::copy(&mut client_read, &mut server_write).await;
+                });
+                let held = Arc::clone(&held);
+                tokio::spawn(async move {
+                    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+                    let mut buffer = vec![0u8; 64 * 1024];
+                    loop {
+                        while held.load(std::sync::atomic::Ordering::Acquire) {
+                            tokio::time::sleep(Duration::from_millis(10)).await;
+                        }
+                        let Ok(n) = server_read.read(&mut buffer).await else {
+                            return;
+                        };
+                        if n == 0 || client_write.write_all(&buffer[..n]).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        Self { url, hold }
+    }
+
+    fn hold(&self, hold: bool) {
+        self.hold.store(hold, std::sync::atomic::Ordering::Release);
+    }
+}
+
+/// Acknowledgements held back past their timeout (their messages landed): the fenced
+/// writer publishes the appends again, is answered with where they landed before, mends its
+/// chain, and every append is in the log once, where it was told.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn appends_whose_acknowledgements_were_lost_land_once() {
+    let server = NatsServers::single().expect("nats-server starts");
+    let proxy = Proxy::start(&server.url()).await;
+    let holder = Arc::new(Holder::default());
+    *holder.0.lock().expect("holder") = "a";
+    let client = connect_nats(&proxy.url).await.expect("connects");
+    let mut context = async_nats::jetstream::new(client);
+    context.set_timeout(Duration::from_millis(500));
+    let log = Arc::new(
+        JetStreamLog::open(
+            context,
+            streams(),
+            Some(Arc::new(Host {
+                name: "a",
+                holder: Arc::clone(&holder),
+            })),
+        )
+        .await
+        .expect("the holder opens its log"),
+    );
+    let mut writers = Vec::new();
+    for task in 0..16u32 {
+        let log = Arc::clone(&log);
+        writers.push(tokio::spawn(async move {
+            let mut written = Vec::new();
+            for i in 0..80u32 {
+                let payload = format!("{task}-{i}").into_bytes();
+                let offset = log
+                    .append(0, payload.clone())
+                    .await
+                    .unwrap_or_else(|e| panic!("append {task}-{i}: {e}"));
+                written.push((offset, payload));
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            written
+        }));
+    }
+    for _ in 0..2 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        proxy.hold(true);
+        tokio::time::sleep(Duration::from_millis(800)).await;
+        proxy.hold(false);
+    }
+    let mut written = BTreeSet::new();
+    for writer in writers {
+        written.extend(writer.await.expect("writer"));
+    }
+    let records: BTreeSet<(u64, Vec<u8>)> = everything(&*log).await.into_iter().collect();
+    assert_eq!(written.len(), 16 * 80, "every append answered once");
+    assert_eq!(
+        records, written,
+        "each append in the log once, at the offset it was told"
+    );
+}
