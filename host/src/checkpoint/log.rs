@@ -144,12 +144,24 @@ impl CheckpointStore for LogCheckpoints {
     }
 
     async fn oldest(&self) -> Result<Option<Checkpoint>, CheckpointError> {
-        let (start, _) = self
-            .log
-            .bounds(self.partition)
+        // The oldest this store kept (retention deletes only below it), or the start.
+        let first_saved = self
+            .saved
+            .lock()
             .await
-            .map_err(|e| io("reading the checkpoints' bounds", e))?;
-        let record = self.first_from(start).await?;
+            .as_ref()
+            .and_then(|saved| saved.front().copied());
+        let from = match first_saved {
+            Some(offset) => offset,
+            None => {
+                self.log
+                    .bounds(self.partition)
+                    .await
+                    .map_err(|e| io("reading the checkpoints' bounds", e))?
+                    .0
+            }
+        };
+        let record = self.first_from(from).await?;
         record.map(|record| self.decode(&record)).transpose()
     }
 }

@@ -243,6 +243,9 @@ pub struct InputRetention {
     context: jetstream::Context,
     stream: String,
     subject: String,
+    /// What is purged already: below this position. A checkpoint that has not moved the
+    /// oldest one on asks nothing of the server.
+    purged_below: std::sync::atomic::AtomicU64,
 }
 
 impl InputRetention {
@@ -257,6 +260,7 @@ impl InputRetention {
             context: context.clone(),
             stream: layout.input_stream(partition),
             subject: layout.input_subject(tenant, agent, partition),
+            purged_below: std::sync::atomic::AtomicU64::new(0),
         }
     }
 }
@@ -265,6 +269,9 @@ impl InputRetention {
 impl Retention for InputRetention {
     async fn retain(&self, oldest: &Checkpoint) {
         let below = oldest.input_position + 1;
+        if below <= self.purged_below.load(std::sync::atomic::Ordering::Acquire) {
+            return;
+        }
         let purged = async {
             let stream = self.context.get_stream_no_info(&self.stream).await?;
             // Nothing below the stream's first message: and nats-server 2.9 purges
@@ -276,8 +283,11 @@ impl Retention for InputRetention {
             Ok::<_, async_nats::Error>(())
         }
         .await;
-        if let Err(e) = purged {
-            tracing::warn!(stream = %self.stream, "purging the inputs read: {e}");
+        match purged {
+            Ok(()) => self
+                .purged_below
+                .store(below, std::sync::atomic::Ordering::Release),
+            Err(e) => tracing::warn!(stream = %self.stream, "purging the inputs read: {e}"),
         }
     }
 }

@@ -184,9 +184,14 @@ pub async fn run_host(
     for run in hosted.running.values_mut() {
         run.ask_to_stop();
     }
-    // The leases are renewed while the partitions finish.
+    // The leases are renewed (every tick, as before) while the partitions finish; those
+    // that end are reaped sooner.
+    let mut renewed = Instant::now();
     while !hosted.running.is_empty() {
-        renew(&mut leases, &mut hosted).await;
+        if renewed.elapsed() >= tick {
+            renew(&mut leases, &mut hosted).await;
+            renewed = Instant::now();
+        }
         reap(&mut hosted).await;
         if !hosted.running.is_empty() {
             tokio::time::sleep(tick.min(Duration::from_millis(200))).await;
