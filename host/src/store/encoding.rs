@@ -20,7 +20,7 @@
 use super::MemoryWrite;
 use super::{
     ActionState, Ambient, CallOutcome, CallRecord, Completion, Digest, KeyScope, RandomKey,
-    StateKey,
+    StateKey, Version,
 };
 use crate::event::Event;
 
@@ -54,9 +54,15 @@ pub struct EncodeError {
 
 /// The bytes of `state` in the current encoding.
 pub fn encode(state: &ActionState) -> Result<Vec<u8>, EncodeError> {
+    encode_as(state, state.version)
+}
+
+/// The bytes of `state` in the current encoding, as its version `version` (a store gives
+/// each write its version without copying the state to set it).
+pub fn encode_as(state: &ActionState, version: Version) -> Result<Vec<u8>, EncodeError> {
     let mut out = Writer(Vec::with_capacity(256 + state.trigger.payload.len()));
     out.0.push(ENCODING);
-    out.u64(state.version);
+    out.u64(version);
     let key = &state.key;
     out.str("tenant", &key.scope.tenant)?;
     out.str("agent", &key.scope.agent)?;

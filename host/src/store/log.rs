@@ -1,16 +1,19 @@
 //! The action-state store over a [`Log`]: a cache in front, writes through to the log, and
 //! both marker strategies of DESIGN.md.
 
-use std::collections::BTreeMap;
+use std::collections::btree_map::Entry;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use async_trait::async_trait;
+use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
 use super::encoding;
-use super::state::in_scope;
-use super::{ActionState, ActionStateStore, KeyScope, Marker, StateKey, StoreError, Version};
+use super::{
+    ActionState, ActionStateStore, Digest, KeyScope, Marker, StateKey, StoreError, Version,
+};
 use crate::crash::{self, CrashPoint};
 use crate::log::{Log, LogError, Offset};
 
@@ -33,12 +36,23 @@ pub enum MarkerStrategy {
     Offsets,
 }
 
+/// A cached state: its newest version, as the log holds it.
 #[derive(Debug)]
 struct Cached {
-    state: Arc<ActionState>,
-    partition: u32,
+    version: Version,
+    /// The version's encoding, as it was appended. A state is written at every durable
+    /// call and read back only when a run starts over it, so the cache keeps what it
+    /// writes and decodes on reading, rather than keeping a second copy of the state.
+    bytes: Bytes,
     /// Offset of this version's first write in its partition.
     offset: Offset,
+}
+
+/// Where a state sits among its scope's: they order by sequence, then action, then trigger.
+type Within = (u64, String, Digest);
+
+fn within(key: &StateKey) -> Within {
+    (key.sequence, key.action.clone(), key.trigger)
 }
 
 /// Offsets, each counted as many times as it was added.
@@ -64,49 +78,66 @@ impl OffsetCounts {
     }
 }
 
-/// The cached states; per partition the offsets of their latest writes, so that an
-/// `offsets` marker costs one lookup per partition however many states are cached; and per
-/// partition a floor for each write not yet acknowledged, which a marker must not pass.
+/// One partition's part of the cache, behind its own lock: writes to different partitions
+/// do not wait for each other, and a marker's offset for a partition depends on that
+/// partition alone.
+///
+/// It holds the cached states of the scopes that live in the partition; the offsets of
+/// their latest writes, so that an `offsets` marker costs one lookup however many states
+/// are cached; and a floor for each write not yet acknowledged, which a marker must not
+/// pass.
 #[derive(Debug, Default)]
-struct Cache {
-    states: BTreeMap<StateKey, Cached>,
-    written: Vec<OffsetCounts>,
-    in_flight: Vec<OffsetCounts>,
+struct Shard {
+    scopes: HashMap<KeyScope, BTreeMap<Within, Cached>>,
+    written: OffsetCounts,
+    in_flight: OffsetCounts,
 }
 
-impl Cache {
-    fn new(partitions: u32) -> Self {
-        Self {
-            states: BTreeMap::new(),
-            written: vec![OffsetCounts::default(); partitions as usize],
-            in_flight: vec![OffsetCounts::default(); partitions as usize],
-        }
-    }
-
-    fn insert(&mut self, cached: Cached) {
-        self.written[cached.partition as usize].add(cached.offset);
-        if let Some(old) = self.states.insert(cached.state.key.clone(), cached) {
-            self.written[old.partition as usize].remove(old.offset);
+impl Shard {
+    /// Caches `cached` as the state at `key`, unless a newer version is cached already (a
+    /// refresh racing a write must not bring an older version back).
+    fn insert(&mut self, key: &StateKey, cached: Cached) {
+        let states = match self.scopes.get_mut(&key.scope) {
+            Some(states) => states,
+            None => self.scopes.entry(key.scope.clone()).or_default(),
+        };
+        match states.entry(within(key)) {
+            Entry::Vacant(entry) => {
+                self.written.add(cached.offset);
+                entry.insert(cached);
+            }
+            Entry::Occupied(mut entry) => {
+                if entry.get().version < cached.version {
+                    self.written.remove(entry.get().offset);
+                    self.written.add(cached.offset);
+                    entry.insert(cached);
+                }
+            }
         }
     }
 
     /// Drops the states of `scope` up to sequence `up_to`.
     fn prune(&mut self, scope: &KeyScope, up_to: u64) {
-        let keys: Vec<StateKey> = in_scope(&self.states, scope, up_to)
-            .map(|(key, _)| key.clone())
-            .collect();
-        for key in keys {
-            if let Some(cached) = self.states.remove(&key) {
-                self.written[cached.partition as usize].remove(cached.offset);
-            }
+        let Some(states) = self.scopes.get_mut(scope) else {
+            return;
+        };
+        let kept = match up_to.checked_add(1) {
+            Some(first_kept) => states.split_off(&(first_kept, String::new(), Digest([0; 32]))),
+            None => BTreeMap::new(),
+        };
+        for cached in std::mem::replace(states, kept).into_values() {
+            self.written.remove(cached.offset);
+        }
+        if states.is_empty() {
+            self.scopes.remove(scope);
         }
     }
 
-    /// The lowest offset in `partition` that a marker must keep: the oldest latest-write
-    /// of a cached state, or the floor of a write still waiting for the log.
-    fn oldest(&self, partition: usize) -> Option<Offset> {
-        let written = self.written.get(partition)?.min();
-        let in_flight = self.in_flight.get(partition)?.min();
+    /// The lowest offset that a marker must keep: the oldest latest-write of a cached
+    /// state, or the floor of a write still waiting for the log.
+    fn oldest(&self) -> Option<Offset> {
+        let written = self.written.min();
+        let in_flight = self.in_flight.min();
         written.into_iter().chain(in_flight).min()
     }
 }
@@ -126,7 +157,7 @@ impl<'a> InFlight<'a> {
         // Every write acknowledged before this one is submitted lies below `acknowledged`,
         // so this one lands at or above it.
         let floor = store.acknowledged[partition as usize].load(Ordering::Acquire);
-        store.cache().in_flight[partition as usize].add(floor);
+        store.shard(partition).in_flight.add(floor);
         Self {
             store,
             partition,
@@ -137,9 +168,9 @@ impl<'a> InFlight<'a> {
 
     /// The write is acknowledged at `offset`: stop holding markers back, under the same
     /// lock that puts the write in the cache.
-    fn settle(mut self, offset: Offset, cache: &mut Cache) {
+    fn settle(mut self, offset: Offset, shard: &mut Shard) {
         self.store.acknowledged[self.partition as usize].fetch_max(offset + 1, Ordering::AcqRel);
-        cache.in_flight[self.partition as usize].remove(self.floor);
+        shard.in_flight.remove(self.floor);
         self.settled = true;
     }
 }
@@ -147,7 +178,10 @@ impl<'a> InFlight<'a> {
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
         if !self.settled {
-            self.store.cache().in_flight[self.partition as usize].remove(self.floor);
+            self.store
+                .shard(self.partition)
+                .in_flight
+                .remove(self.floor);
         }
     }
 }
@@ -157,7 +191,8 @@ impl Drop for InFlight<'_> {
 pub struct LogStore {
     log: Arc<dyn Log>,
     strategy: MarkerStrategy,
-    cache: Mutex<Cache>,
+    /// The cache, one shard per partition.
+    shards: Vec<Mutex<Shard>>,
     next_version: AtomicU64,
     /// States a refresh re-appends at a time.
     refresh_batch: usize,
@@ -175,7 +210,7 @@ impl LogStore {
     /// to load what a marker points at.
     pub fn new(log: Arc<dyn Log>, strategy: MarkerStrategy) -> Self {
         Self {
-            cache: Mutex::new(Cache::new(log.partitions())),
+            shards: (0..log.partitions()).map(|_| Mutex::default()).collect(),
             acknowledged: (0..log.partitions()).map(|_| AtomicU64::new(0)).collect(),
             log,
             strategy,
@@ -199,14 +234,14 @@ impl LogStore {
         &self.log
     }
 
-    fn cache(&self) -> MutexGuard<'_, Cache> {
-        self.cache
+    fn shard(&self, partition: u32) -> MutexGuard<'_, Shard> {
+        self.shards[partition as usize]
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    fn partition_of(&self, key: &StateKey) -> u32 {
-        key.scope.partition(self.log.partitions())
+    fn partition_of(&self, scope: &KeyScope) -> u32 {
+        scope.partition(self.log.partitions())
     }
 
     /// Every partition's end offset. A write submitted after this lands at or past it, so
@@ -229,30 +264,31 @@ impl LogStore {
 
     async fn refresh(&self) -> Result<Marker, StoreError> {
         let mut offsets = self.end_offsets().await?;
-        let states: Vec<(u32, Arc<ActionState>)> = {
-            let cache = self.cache();
+        let mut states: Vec<(u32, Bytes)> = Vec::new();
+        for (partition, offset) in (0..self.log.partitions()).zip(offsets.iter_mut()) {
+            let shard = self.shard(partition);
             // A write that was in flight when the offsets were captured may land below them
             // and is not in the cache to be re-appended: the marker stays at its floor.
-            for (partition, offset) in offsets.iter_mut().enumerate() {
-                if let Some(floor) = cache.in_flight[partition].min() {
-                    *offset = (*offset).min(floor);
-                }
+            if let Some(floor) = shard.in_flight.min() {
+                *offset = (*offset).min(floor);
             }
-            cache
-                .states
-                .values()
-                .map(|cached| (cached.partition, Arc::clone(&cached.state)))
-                .collect()
-        };
+            states.extend(
+                shard
+                    .scopes
+                    .values()
+                    .flat_map(BTreeMap::values)
+                    .map(|cached| (partition, cached.bytes.clone())),
+            );
+        }
         // Every cached state, in its latest version, at or after the captured offsets. The
-        // cache does not change: its entries already hold these versions. Encoded and
-        // appended in batches, so that a large cache is not held encoded all at once; group
-        // commit makes each batch durable together.
+        // cache does not change: its entries already hold these versions. Appended in
+        // batches, so that a large cache is not held copied all at once; group commit makes
+        // each batch durable together.
         for batch in states.chunks(self.refresh_batch) {
             let batch = batch
                 .iter()
-                .map(|(partition, state)| Ok((*partition, encode(state)?)))
-                .collect::<Result<_, StoreError>>()?;
+                .map(|(partition, bytes)| (*partition, bytes.to_vec()))
+                .collect();
             self.log
                 .append_many(batch)
                 .await
@@ -264,9 +300,8 @@ impl LogStore {
 
     async fn oldest_writes(&self) -> Result<Marker, StoreError> {
         let mut offsets = self.end_offsets().await?;
-        let cache = self.cache();
-        for (partition, offset) in offsets.iter_mut().enumerate() {
-            if let Some(oldest) = cache.oldest(partition) {
+        for (partition, offset) in (0..self.log.partitions()).zip(offsets.iter_mut()) {
+            if let Some(oldest) = self.shard(partition).oldest() {
                 *offset = (*offset).min(oldest);
             }
         }
@@ -274,66 +309,66 @@ impl LogStore {
     }
 }
 
+/// The state in `cached`. The cache holds only what this build encoded or already decoded
+/// once from the log.
+fn decoded(cached: &Cached) -> ActionState {
+    encoding::decode(&cached.bytes).expect("a cached state decodes: it decoded before")
+}
+
 #[async_trait]
 impl ActionStateStore for LogStore {
     async fn put(&self, state: &ActionState) -> Result<Version, StoreError> {
         let version = self.next_version.fetch_add(1, Ordering::Relaxed);
-        let state = Arc::new(ActionState {
-            version,
-            ..state.clone()
-        });
-        let encoded = encode(&state)?;
-        let partition = self.partition_of(&state.key);
+        let encoded = encode(state, version)?;
+        let bytes = Bytes::copy_from_slice(&encoded);
+        let partition = self.partition_of(&state.key.scope);
         let in_flight = InFlight::start(self, partition);
         let offset = self
             .log
             .append(partition, encoded)
             .await
             .map_err(log_error("writing an action state"))?;
-        // Cached only now that the log has it, and never over a newer version (a refresh
-        // racing a write must not bring an older version back).
-        let mut cache = self.cache();
-        in_flight.settle(offset, &mut cache);
-        let newer_cached = cache
-            .states
-            .get(&state.key)
-            .is_some_and(|cached| cached.state.version >= state.version);
-        if !newer_cached {
-            cache.insert(Cached {
-                state,
-                partition,
+        // Cached only now that the log has it.
+        let mut shard = self.shard(partition);
+        in_flight.settle(offset, &mut shard);
+        shard.insert(
+            &state.key,
+            Cached {
+                version,
+                bytes,
                 offset,
-            });
-        }
+            },
+        );
         Ok(version)
     }
 
     fn get(&self, key: &StateKey) -> Option<ActionState> {
-        self.cache()
-            .states
-            .get(key)
-            .map(|cached| ActionState::clone(&cached.state))
+        let shard = self.shard(self.partition_of(&key.scope));
+        shard.scopes.get(&key.scope)?.get(&within(key)).map(decoded)
     }
 
     fn states(&self, scope: &KeyScope) -> Vec<ActionState> {
-        in_scope(&self.cache().states, scope, u64::MAX)
-            .map(|(_, cached)| ActionState::clone(&cached.state))
-            .collect()
+        let shard = self.shard(self.partition_of(scope));
+        shard
+            .scopes
+            .get(scope)
+            .map(|states| states.values().map(decoded).collect())
+            .unwrap_or_default()
     }
 
     fn scopes(&self) -> Vec<KeyScope> {
-        let mut scopes: Vec<KeyScope> = self
-            .cache()
-            .states
-            .keys()
-            .map(|k| k.scope.clone())
+        let mut scopes: Vec<KeyScope> = (0..self.log.partitions())
+            .flat_map(|partition| {
+                let shard = self.shard(partition);
+                shard.scopes.keys().cloned().collect::<Vec<_>>()
+            })
             .collect();
-        scopes.dedup();
+        scopes.sort_unstable();
         scopes
     }
 
     async fn prune(&self, scope: &KeyScope, up_to: u64) -> Result<(), StoreError> {
-        self.cache().prune(scope, up_to);
+        self.shard(self.partition_of(scope)).prune(scope, up_to);
         Ok(())
     }
 
@@ -357,29 +392,26 @@ impl ActionStateStore for LogStore {
             windows.push(read_window(&*self.log, partition, from).await?);
         }
         let ends: Vec<Offset> = windows.iter().map(|window| window.end).collect();
-        let (newest, highest) = newest_states(windows)?;
-
-        let mut cache = Cache::new(partitions);
-        for (_, cached) in &newest {
-            cache.written[cached.partition as usize].add(cached.offset);
-        }
-        // Built from sorted entries in one pass, not inserted one by one.
-        cache.states = newest.into_iter().collect();
+        let (shards, highest) = newest_states(windows)?;
         self.next_version.fetch_max(highest + 1, Ordering::Relaxed);
         for (acknowledged, end) in self.acknowledged.iter().zip(ends) {
             acknowledged.fetch_max(end, Ordering::AcqRel);
         }
-        *self.cache() = cache;
+        // Nothing else runs during a rebuild, so the shards are replaced one by one.
+        for (partition, shard) in shards {
+            *self.shard(partition) = shard;
+        }
         Ok(())
     }
 }
 
-/// States decoded from some partitions, each its newest version, and the highest version
-/// seen among all they held.
-type Decoded = (Vec<(StateKey, Cached)>, Version);
+/// Shards decoded from some partitions, each state at its newest version, and the highest
+/// version seen among all they held.
+type Decoded = (Vec<(u32, Shard)>, Version);
 
-fn encode(state: &ActionState) -> Result<Vec<u8>, StoreError> {
-    encoding::encode(state).map_err(|e| StoreError::Encode {
+/// `state`'s bytes as version `version` of it.
+fn encode(state: &ActionState, version: Version) -> Result<Vec<u8>, StoreError> {
+    encoding::encode_as(state, version).map_err(|e| StoreError::Encode {
         key: state.key.to_string(),
         message: e.to_string(),
     })
@@ -424,8 +456,8 @@ async fn read_window(log: &dyn Log, partition: u32, from: Offset) -> Result<Wind
 }
 
 /// Decodes the windows on every core (a state's versions are all in its own partition, so
-/// partitions are independent) and keeps each state's newest version. Returns the states,
-/// sorted by key within each partition, and the highest version seen.
+/// partitions are independent) into a shard each, holding each state's newest version.
+/// Returns the shards and the highest version seen.
 fn newest_states(windows: Vec<Window>) -> Result<Decoded, StoreError> {
     let threads = std::thread::available_parallelism().map_or(1, usize::from);
     let mut shares: Vec<Vec<Window>> = (0..threads).map(|_| Vec::new()).collect();
@@ -451,15 +483,15 @@ fn newest_states(windows: Vec<Window>) -> Result<Decoded, StoreError> {
     let mut all = Vec::new();
     let mut highest = 0;
     for result in results {
-        let (states, share_highest) = result?;
-        all.extend(states);
+        let (shards, share_highest) = result?;
+        all.extend(shards);
         highest = highest.max(share_highest);
     }
     Ok((all, highest))
 }
 
 fn decode_share(share: Vec<Window>) -> Result<Decoded, StoreError> {
-    let mut all = Vec::new();
+    let mut shards = Vec::with_capacity(share.len());
     let mut highest = 0;
     for window in share {
         let partition = window.partition;
@@ -471,26 +503,40 @@ fn decode_share(share: Vec<Window>) -> Result<Decoded, StoreError> {
                 message: e.to_string(),
             })?;
             highest = highest.max(state.version);
-            states.push((
-                state.key.clone(),
-                Cached {
-                    state: Arc::new(state),
-                    partition,
-                    offset: record.offset,
-                },
-            ));
+            let cached = Cached {
+                version: state.version,
+                bytes: Bytes::from(record.payload),
+                offset: record.offset,
+            };
+            states.push((state.key, cached));
         }
         // Newest version first within a key, its first write first (a refresh writes the
         // same version again), then keep the first of each key.
         states.sort_unstable_by(|(a, x), (b, y)| {
             a.cmp(b)
-                .then(y.state.version.cmp(&x.state.version))
+                .then(y.version.cmp(&x.version))
                 .then(x.offset.cmp(&y.offset))
         });
         states.dedup_by(|later, first| later.0 == first.0);
-        all.extend(states);
+        let mut shard = Shard::default();
+        // Sorted by key, so each scope's states come together, in order.
+        for (key, cached) in states {
+            shard.written.add(cached.offset);
+            let StateKey {
+                scope,
+                sequence,
+                action,
+                trigger,
+            } = key;
+            shard
+                .scopes
+                .entry(scope)
+                .or_default()
+                .insert((sequence, action, trigger), cached);
+        }
+        shards.push((partition, shard));
     }
-    Ok((all, highest))
+    Ok((shards, highest))
 }
 
 #[cfg(test)]
