@@ -1,6 +1,8 @@
 //! Issue #7's figures: durable calls over the JetStream log, beside raw JetStream
 //! publish-acks of the same run, on one node and on a 3-node cluster with 3 replicas (all on
-//! loopback). A bench binary (not criterion): each figure is one measured run.
+//! loopback). A bench binary (not criterion). Throughput is measured in rounds, each
+//! running every figure once, one after another, so that each round's ratios compare runs
+//! that saw the same machine; the summary gives the medians.
 //!
 //! `cargo bench -p rewind-host --bench jetstream`; results in BENCHMARKS.md.
 
@@ -23,6 +25,43 @@ mod common;
 const PARTITIONS: u32 = 8;
 const SAMPLES: usize = 500;
 const PER_KEY: u64 = 400;
+const ROUNDS: usize = 5;
+
+/// The CPU time this process (the host side: client, log, store, calls) has used so far.
+fn cpu_time() -> Duration {
+    let now = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
+    Duration::from_secs(u64::try_from(now.tv_sec).expect("a CPU time is positive"))
+        + Duration::from_nanos(u64::try_from(now.tv_nsec).expect("a CPU time is positive"))
+}
+
+/// One throughput figure: operations per second, and this process's CPU time per
+/// operation (what the host side costs, beside the servers that share the machine).
+#[derive(Clone, Copy)]
+struct Rate {
+    per_second: f64,
+    cpu_per_op: Duration,
+}
+
+async fn rate(run: impl Future<Output = f64>) -> Rate {
+    let started = cpu_time();
+    let per_second = run.await;
+    Rate {
+        per_second,
+        cpu_per_op: (cpu_time() - started).div_f64((64 * PER_KEY) as f64),
+    }
+}
+
+fn median_of(mut values: Vec<f64>) -> f64 {
+    values.sort_unstable_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
+/// The partition of the 64-key run's `k`-th key: raw publishers and log appends load the
+/// streams as the durable calls do (a key's partition is a hash of it, so some streams
+/// get more keys than others).
+fn partition_of(k: u64) -> u32 {
+    key(&format!("key-{k}"), 0).scope.partition(PARTITIONS)
+}
 
 fn median(mut samples: Vec<Duration>) -> Duration {
     samples.sort_unstable();
@@ -131,7 +170,7 @@ async fn latencies(
 }
 
 /// Raw publish-acks per second from 64 publishers, each waiting for its ack before its
-/// next publish, over [`PARTITIONS`] streams.
+/// next publish, over [`PARTITIONS`] streams (publisher `k` to [`partition_of`] `k`).
 async fn raw_throughput(
     bytes: usize,
     context: &jetstream::Context,
@@ -144,7 +183,7 @@ async fn raw_throughput(
     let mut tasks = Vec::new();
     for k in 0..64u64 {
         let context = context.clone();
-        let subject = format!("{prefix}.{}", k % u64::from(PARTITIONS));
+        let subject = format!("{prefix}.{}", partition_of(k));
         tasks.push(tokio::spawn(async move {
             let payload = Bytes::from(vec![7u8; bytes]);
             for _ in 0..PER_KEY {
@@ -182,8 +221,8 @@ async fn create_streams(context: &jetstream::Context, prefix: &str, replicas: us
     }
 }
 
-/// Appends per second to a fenced log from 64 tasks, over [`PARTITIONS`] streams: the log
-/// alone, without the durable call around it.
+/// Appends per second to a fenced log from 64 tasks, over [`PARTITIONS`] streams (task `k`
+/// to [`partition_of`] `k`): the log alone, without the durable call around it.
 async fn log_appends(
     bytes: usize,
     context: &jetstream::Context,
@@ -193,11 +232,11 @@ async fn log_appends(
     let log = fenced_log(context, prefix, replicas).await;
     let started = Instant::now();
     let mut tasks = Vec::new();
-    for k in 0..64u32 {
+    for k in 0..64 {
         let log = Arc::clone(&log);
         tasks.push(tokio::spawn(async move {
             for _ in 0..PER_KEY {
-                log.append(k % PARTITIONS, vec![7u8; bytes])
+                log.append(partition_of(k), vec![7u8; bytes])
                     .await
                     .expect("append");
             }
@@ -237,25 +276,54 @@ fn main() {
                 "{setup}: live durable call, one key, median:      {call:>10.1?}  ({:.2}x raw)",
                 call.as_secs_f64() / raw.as_secs_f64()
             );
-            let raw_rate = raw_throughput(mean, &context, "raw64", replicas, false).await;
-            let id_rate = raw_throughput(mean, &context, "raw64ids", replicas, true).await;
-            let appends = log_appends(mean, &context, "appends", replicas).await;
-            let store = open_store(&context, "calls64", replicas).await;
-            let rate = calls_per_second_64_keys(&store, &functions, PER_KEY).await;
-            println!("{setup}: raw publish-acks, 64 publishers:        {raw_rate:>10.0} /s");
-            println!(
-                "{setup}: the same with Nats-Msg-Id:               {id_rate:>10.0} /s  ({:.2}x raw's time)",
-                raw_rate / id_rate
-            );
-            println!(
-                "{setup}: fenced log appends, 64 tasks:            {appends:>10.0} /s  ({:.2}x raw's time)",
-                raw_rate / appends
-            );
-            println!(
-                "{setup}: durable calls, 64 keys:                  {rate:>10.0} /s  ({:.2}x raw's time; {:.2}x with ids)",
-                raw_rate / rate,
-                id_rate / rate
-            );
+            let mut rounds = Vec::with_capacity(ROUNDS);
+            for round in 1..=ROUNDS {
+                let raw = rate(raw_throughput(mean, &context, "raw64", replicas, false)).await;
+                let ids = rate(raw_throughput(mean, &context, "raw64ids", replicas, true)).await;
+                let appends = rate(log_appends(mean, &context, "appends", replicas)).await;
+                let store = open_store(&context, "calls64", replicas).await;
+                let calls = rate(calls_per_second_64_keys(&store, &functions, PER_KEY)).await;
+                let figures = [raw, ids, appends, calls];
+                let shown: Vec<String> = figures
+                    .iter()
+                    .map(|f| {
+                        format!(
+                            "{:>6.0}/s {:>4.2}x ({:>4.1?} CPU/op)",
+                            f.per_second,
+                            raw.per_second / f.per_second,
+                            f.cpu_per_op
+                        )
+                    })
+                    .collect();
+                println!("{setup}: round {round}: {}", shown.join(" | "));
+                rounds.push(figures);
+            }
+            let names = [
+                "raw publish-acks, 64 publishers:      ",
+                "the same with Nats-Msg-Id:            ",
+                "fenced log appends, 64 tasks:         ",
+                "durable calls, 64 keys:               ",
+            ];
+            for (i, name) in names.iter().enumerate() {
+                let per_second = median_of(rounds.iter().map(|r| r[i].per_second).collect());
+                let ratio = median_of(
+                    rounds
+                        .iter()
+                        .map(|r| r[0].per_second / r[i].per_second)
+                        .collect(),
+                );
+                let cpu = median_of(
+                    rounds
+                        .iter()
+                        .map(|r| r[i].cpu_per_op.as_secs_f64())
+                        .collect(),
+                );
+                println!(
+                    "{setup}: {name} {per_second:>7.0} /s  {ratio:.2}x raw's time  \
+                     (host CPU {:.1} µs/op; medians of {ROUNDS} rounds)",
+                    cpu * 1e6
+                );
+            }
         }
     });
 }
