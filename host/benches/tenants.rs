@@ -12,6 +12,10 @@ use rewind_host::sandbox::Sandbox;
 use rewind_host::server::{ServerConfig, ServerState};
 use serde_json::{Value, json};
 
+// For the allocator the `rewind` binary runs with; no helper of it is used here.
+#[allow(dead_code)]
+mod common;
+
 const ADMIN: &str = "admin-token-for-the-bench";
 /// B's events measured in each phase.
 const SAMPLES: usize = 500;
