@@ -8,7 +8,7 @@ use std::time::Duration;
 use async_nats::jetstream::message::PublishMessage;
 use async_trait::async_trait;
 use rewind_host::log::{
-    Authority, IN_FLIGHT, JetStreamLog, Log, LogError, StreamSpec, connect_nats,
+    Authority, IN_FLIGHT, JetStreamLog, Log, LogError, RETRY_FOR, StreamSpec, connect_nats,
 };
 use rewind_host::testing::nats::NatsServers;
 
@@ -36,17 +36,28 @@ fn streams() -> Vec<StreamSpec> {
 
 async fn open(url: &str, name: &'static str, holder: &Arc<Holder>) -> JetStreamLog {
     *holder.0.lock().expect("holder") = name;
+    let host = Host {
+        name,
+        holder: Arc::clone(holder),
+    };
+    open_with(url, None, Arc::new(host)).await
+}
+
+/// A log over `url` (a server, or a proxy to one) that holds the partition while
+/// `authority` says so; acknowledgements time out after `ack_timeout` when one is given.
+async fn open_with(
+    url: &str,
+    ack_timeout: Option<Duration>,
+    authority: Arc<dyn Authority>,
+) -> JetStreamLog {
     let client = connect_nats(url).await.expect("connects");
-    JetStreamLog::open(
-        async_nats::jetstream::new(client),
-        streams(),
-        Some(Arc::new(Host {
-            name,
-            holder: Arc::clone(holder),
-        })),
-    )
-    .await
-    .expect("the holder opens its log")
+    let mut context = async_nats::jetstream::new(client);
+    if let Some(timeout) = ack_timeout {
+        context.set_timeout(timeout);
+    }
+    JetStreamLog::open(context, streams(), Some(authority))
+        .await
+        .expect("the holder opens its log")
 }
 
 /// The offset of the last fence message: that of the newest holder's fence, after which
@@ -72,6 +83,53 @@ async fn everything(log: &dyn Log) -> Vec<(u64, Vec<u8>)> {
         records.extend(batch.into_iter().map(|r| (r.offset, r.payload)));
     }
     records
+}
+
+/// An append a writer was told landed: where, and when it was told.
+struct Landed {
+    offset: u64,
+    payload: Vec<u8>,
+    at: std::time::Instant,
+}
+
+/// `tasks` tasks appending `a-TASK-I` to `log`, `pause` apart, until it is fenced (any
+/// other error fails the test); the task returned gathers what they were told landed.
+fn write_until_fenced(
+    log: &Arc<JetStreamLog>,
+    tasks: u32,
+    pause: Duration,
+) -> tokio::task::JoinHandle<Vec<Landed>> {
+    let writers: Vec<_> = (0..tasks)
+        .map(|task| {
+            let log = Arc::clone(log);
+            tokio::spawn(async move {
+                let mut landed = Vec::new();
+                for i in 0u32.. {
+                    let payload = format!("a-{task}-{i}").into_bytes();
+                    match log.append(0, payload.clone()).await {
+                        Ok(offset) => landed.push(Landed {
+                            offset,
+                            payload,
+                            at: std::time::Instant::now(),
+                        }),
+                        Err(LogError::Fenced { .. }) => return landed,
+                        Err(other) => panic!("only fencing stops a writer: {other}"),
+                    }
+                    if !pause.is_zero() {
+                        tokio::time::sleep(pause).await;
+                    }
+                }
+                unreachable!()
+            })
+        })
+        .collect();
+    tokio::spawn(async move {
+        let mut landed = Vec::new();
+        for writer in writers {
+            landed.extend(writer.await.expect("writer"));
+        }
+        landed
+    })
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -126,28 +184,15 @@ async fn a_takeover_during_writes_leaves_exactly_the_acknowledged_ones() {
 
     // A writes from 48 tasks without pause (more than a writer keeps in flight) while B
     // takes over.
-    let mut writers = Vec::new();
-    for task in 0..48u32 {
-        let zombie = Arc::clone(&zombie);
-        writers.push(tokio::spawn(async move {
-            let mut acknowledged = Vec::new();
-            for i in 0u32.. {
-                let payload = format!("a-{task}-{i}").into_bytes();
-                match zombie.append(0, payload.clone()).await {
-                    Ok(offset) => acknowledged.push((offset, payload)),
-                    Err(LogError::Fenced { .. }) => return acknowledged,
-                    Err(other) => panic!("only fencing stops a writer: {other}"),
-                }
-            }
-            unreachable!()
-        }));
-    }
+    let writers = write_until_fenced(&zombie, 48, Duration::ZERO);
     tokio::time::sleep(Duration::from_millis(200)).await;
     let successor = open(&server.url(), "b", &holder).await;
-    let mut acknowledged = BTreeSet::new();
-    for writer in writers {
-        acknowledged.extend(writer.await.expect("writer"));
-    }
+    let acknowledged: BTreeSet<(u64, Vec<u8>)> = writers
+        .await
+        .expect("writers")
+        .into_iter()
+        .map(|landed| (landed.offset, landed.payload))
+        .collect();
     let fence = last_fence(&server.url()).await;
     successor.append(0, b"b".to_vec()).await.expect("B writes");
 
@@ -454,21 +499,12 @@ async fn appends_whose_acknowledgements_were_lost_land_once() {
     let proxy = Proxy::start(&server.url()).await;
     let holder = Arc::new(Holder::default());
     *holder.0.lock().expect("holder") = "a";
-    let client = connect_nats(&proxy.url).await.expect("connects");
-    let mut context = async_nats::jetstream::new(client);
-    context.set_timeout(Duration::from_millis(500));
-    let log = Arc::new(
-        JetStreamLog::open(
-            context,
-            streams(),
-            Some(Arc::new(Host {
-                name: "a",
-                holder: Arc::clone(&holder),
-            })),
-        )
-        .await
-        .expect("the holder opens its log"),
-    );
+    let host = Host {
+        name: "a",
+        holder: Arc::clone(&holder),
+    };
+    let log =
+        Arc::new(open_with(&proxy.url, Some(Duration::from_millis(500)), Arc::new(host)).await);
     let mut writers = Vec::new();
     for task in 0..16u32 {
         let log = Arc::clone(&log);
@@ -501,5 +537,194 @@ async fn appends_whose_acknowledgements_were_lost_land_once() {
     assert_eq!(
         records, written,
         "each append in the log once, at the offset it was told"
+    );
+}
+
+/// A's view of the lease in the race below: while `armed`, the next answer it gives is the
+/// one it read, but B takes the partition over (and fences it) between the read and the
+/// answer, as when a lease expires right after its holder asked.
+#[derive(Debug)]
+struct Overtaken {
+    url: String,
+    holder: Arc<Holder>,
+    armed: std::sync::atomic::AtomicBool,
+    /// B's log, and when its takeover was done.
+    successor: Mutex<Option<(std::time::Instant, JetStreamLog)>>,
+}
+
+#[async_trait]
+impl Authority for Overtaken {
+    async fn holds(&self) -> Result<bool, String> {
+        let holds = *self.holder.0.lock().expect("holder") == "a";
+        if self.armed.swap(false, std::sync::atomic::Ordering::AcqRel) {
+            let successor = open(&self.url, "b", &self.holder).await;
+            *self.successor.lock().expect("successor") =
+                Some((std::time::Instant::now(), successor));
+        }
+        Ok(holds)
+    }
+}
+
+/// Acknowledgements lost (their messages landed), and then, as the writer mends its chain
+/// and publishes those appends again, another host fences the partition: the retries are
+/// duplicates racing the fence. Every append the writer was told landed is in the log,
+/// where it was told, and nothing of it lands after the fence.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retries_racing_a_takeover_land_before_the_fence_or_not_at_all() {
+    let server = NatsServers::single().expect("nats-server starts");
+    let proxy = Proxy::start(&server.url()).await;
+    let holder = Arc::new(Holder::default());
+    *holder.0.lock().expect("holder") = "a";
+    let authority = Arc::new(Overtaken {
+        url: server.url(),
+        holder: Arc::clone(&holder),
+        armed: std::sync::atomic::AtomicBool::new(false),
+        successor: Mutex::new(None),
+    });
+    let zombie = Arc::new(
+        open_with(
+            &proxy.url,
+            Some(Duration::from_millis(500)),
+            authority.clone(),
+        )
+        .await,
+    );
+    let writers = write_until_fenced(&zombie, 16, Duration::from_millis(10));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Acknowledgements stop reaching A; its publishes still land. Past their timeout it
+    // mends its chain, and cannot read where the stream ends until they flow again.
+    proxy.hold(true);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    authority
+        .armed
+        .store(true, std::sync::atomic::Ordering::Release);
+    proxy.hold(false);
+
+    let acknowledged = writers.await.expect("writers");
+    let (taken_over, successor) = authority
+        .successor
+        .lock()
+        .expect("successor")
+        .take()
+        .expect("B took the partition over while A mended its chain");
+    let fence = last_fence(&server.url()).await;
+    successor.append(0, b"b".to_vec()).await.expect("B writes");
+
+    assert!(
+        acknowledged.iter().any(|landed| landed.at > taken_over),
+        "A was answered for appends it published again after B's fence (the duplicates)"
+    );
+    let records: BTreeSet<(u64, Vec<u8>)> = everything(&successor).await.into_iter().collect();
+    let from_a: Vec<u64> = records
+        .iter()
+        .filter(|(_, p)| p.starts_with(b"a-"))
+        .map(|(offset, _)| *offset)
+        .collect();
+    for Landed {
+        offset, payload, ..
+    } in &acknowledged
+    {
+        assert!(
+            records.contains(&(*offset, payload.clone())),
+            "{} is in the log at {offset}, where A was told it landed",
+            String::from_utf8_lossy(payload)
+        );
+    }
+    assert!(
+        from_a.iter().all(|&offset| offset < fence),
+        "nothing of A's lands after B's fence (at {fence}): {:?}",
+        from_a.iter().max()
+    );
+}
+
+/// A's view of the lease when the lease bucket cannot be reached: no answer while `silent`.
+#[derive(Debug)]
+struct Unreachable {
+    holder: Arc<Holder>,
+    silent: std::sync::atomic::AtomicBool,
+}
+
+#[async_trait]
+impl Authority for Unreachable {
+    async fn holds(&self) -> Result<bool, String> {
+        if self.silent.load(std::sync::atomic::Ordering::Acquire) {
+            return Err("the lease bucket does not answer".to_owned());
+        }
+        Ok(*self.holder.0.lock().expect("holder") == "a")
+    }
+}
+
+/// B fences the partition while A cannot learn whether it still holds it. A writes
+/// nothing more: its appends wait, fail once they have waited for `RETRY_FOR` (saying
+/// so), and once the lease answers, A is fenced. However long the lease stays silent, A
+/// does not go on from where it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_that_cannot_reach_its_lease_writes_nothing_past_a_fence() {
+    let server = NatsServers::single().expect("nats-server starts");
+    let holder = Arc::new(Holder::default());
+    *holder.0.lock().expect("holder") = "a";
+    let authority = Arc::new(Unreachable {
+        holder: Arc::clone(&holder),
+        silent: std::sync::atomic::AtomicBool::new(false),
+    });
+    let zombie = Arc::new(open_with(&server.url(), None, authority.clone()).await);
+    let first = zombie
+        .append(0, b"a-first".to_vec())
+        .await
+        .expect("the holder writes");
+    authority
+        .silent
+        .store(true, std::sync::atomic::Ordering::Release);
+    let successor = open(&server.url(), "b", &holder).await;
+
+    // Writers stop when fenced, or at the deadline (when a writer that went on would
+    // never be).
+    let deadline = std::time::Instant::now() + RETRY_FOR + Duration::from_secs(15);
+    let mut writers = Vec::new();
+    for task in 0..4u32 {
+        let zombie = Arc::clone(&zombie);
+        writers.push(tokio::spawn(async move {
+            let (mut landed, mut gave_up) = (Vec::new(), Vec::new());
+            for i in 0u32.. {
+                if std::time::Instant::now() > deadline {
+                    return (landed, gave_up, false);
+                }
+                match zombie.append(0, format!("a-{task}-{i}").into_bytes()).await {
+                    Ok(offset) => landed.push(offset),
+                    Err(LogError::Fenced { .. }) => return (landed, gave_up, true),
+                    Err(other) => gave_up.push(other.to_string()),
+                }
+            }
+            unreachable!()
+        }));
+    }
+    // Longer than appends retry for.
+    tokio::time::sleep(RETRY_FOR + Duration::from_secs(3)).await;
+    authority
+        .silent
+        .store(false, std::sync::atomic::Ordering::Release);
+    let (mut landed, mut gave_up) = (Vec::new(), Vec::new());
+    for writer in writers {
+        let (l, g, fenced) = writer.await.expect("writer");
+        landed.extend(l);
+        gave_up.extend(g);
+        assert!(fenced, "A is fenced once the lease answers");
+    }
+
+    assert_eq!(
+        landed,
+        Vec::<u64>::new(),
+        "no append of A's landed after the fence"
+    );
+    assert!(
+        !gave_up.is_empty() && gave_up.iter().all(|e| e.contains("retried for")),
+        "appends that waited out the silence failed, saying why: {gave_up:?}"
+    );
+    let after = successor.append(0, b"b".to_vec()).await.expect("B writes");
+    let records = everything(&successor).await;
+    assert_eq!(
+        records,
+        [(first, b"a-first".to_vec()), (after, b"b".to_vec())],
+        "the log holds A's write from before the fence and B's after it, nothing else"
     );
 }
