@@ -16,7 +16,7 @@ pub use config::{
     ActionConfig, AgentConfig, AgentFile, ConfigError, DEFAULT_PARALLELISM, FunctionConfig,
     FunctionKind, StateConfig,
 };
-pub use output::{JsonlSink, OutputSink, OutputWriter};
+pub use output::{JsonlSink, OutputSink, OutputWriter, WrittenIds};
 pub use scheduler::{Checkpointing, Progress, Retention, RunOptions, Summary, run_inputs};
 
 use crate::durable::digest::{input_trigger, sent_trigger};

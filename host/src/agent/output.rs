@@ -1,11 +1,76 @@
 //! The JSONL output sink: one line per output, replayed duplicates dropped by id.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io::Write;
 
 use serde::Serialize;
 
+use crate::checkpoint::KeyProgress;
 use crate::event::{Output, OutputId};
+
+/// The ids of the outputs a sink has written, by tenant, agent and key: what it drops a
+/// repeat of. A sink serves one agent's run, and forgets the ids of inputs a saved
+/// checkpoint counts complete, so that they do not pile up for as long as the run lasts.
+#[derive(Debug, Default)]
+pub struct WrittenIds(HashMap<String, HashMap<String, ByKey>>);
+
+/// An agent's written outputs: per key, (sequence, index) of each.
+type ByKey = HashMap<String, BTreeSet<(u64, u32)>>;
+
+impl WrittenIds {
+    pub fn contains(&self, id: &OutputId) -> bool {
+        self.0
+            .get(&id.tenant)
+            .and_then(|agents| agents.get(&id.agent))
+            .and_then(|keys| keys.get(&id.key))
+            .is_some_and(|written| written.contains(&(id.sequence, id.index)))
+    }
+
+    /// Adds `id`; returns whether it was not there.
+    pub fn insert(&mut self, id: &OutputId) -> bool {
+        self.0
+            .entry(id.tenant.clone())
+            .or_default()
+            .entry(id.agent.clone())
+            .or_default()
+            .entry(id.key.clone())
+            .or_default()
+            .insert((id.sequence, id.index))
+    }
+
+    /// Forgets the outputs of every input of `keys` up to its last completed one. Those
+    /// inputs do not run again: not in this run, and not after a recovery from this
+    /// checkpoint or a later one (which opens a new sink, reading the ids it needs).
+    pub fn forget_completed(&mut self, keys: &BTreeMap<String, KeyProgress>) {
+        for agents in self.0.values_mut() {
+            for written in agents.values_mut() {
+                for (key, progress) in keys {
+                    let Some(outputs) = written.get_mut(key) else {
+                        continue;
+                    };
+                    *outputs = outputs.split_off(&(progress.last_completed.saturating_add(1), 0));
+                    if outputs.is_empty() {
+                        written.remove(key);
+                    }
+                }
+            }
+        }
+    }
+
+    /// How many ids are kept.
+    pub fn len(&self) -> usize {
+        self.0
+            .values()
+            .flat_map(HashMap::values)
+            .flat_map(HashMap::values)
+            .map(BTreeSet::len)
+            .sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
 
 #[derive(Serialize)]
 struct Line<'a> {
@@ -51,6 +116,10 @@ pub trait OutputSink: Send {
     async fn position(&mut self) -> std::io::Result<Option<u64>> {
         Ok(None)
     }
+
+    /// A checkpoint with these keys' progress was saved: the ids of outputs of inputs it
+    /// counts complete need not be kept ([`WrittenIds::forget_completed`]).
+    fn checkpointed(&mut self, _keys: &BTreeMap<String, KeyProgress>) {}
 }
 
 #[async_trait::async_trait]
@@ -62,13 +131,17 @@ impl<W: OutputWriter + Send> OutputSink for JsonlSink<W> {
     async fn sync(&mut self) -> std::io::Result<()> {
         JsonlSink::sync(self)
     }
+
+    fn checkpointed(&mut self, keys: &BTreeMap<String, KeyProgress>) {
+        self.seen.forget_completed(keys);
+    }
 }
 
 /// Writes outputs as JSON Lines; an output whose id it has written before is dropped.
 #[derive(Debug)]
 pub struct JsonlSink<W: Write> {
     writer: W,
-    seen: HashSet<OutputId>,
+    seen: WrittenIds,
 }
 
 impl JsonlSink<std::io::BufWriter<std::fs::File>> {
@@ -76,7 +149,7 @@ impl JsonlSink<std::io::BufWriter<std::fs::File>> {
     /// replayed outputs are dropped. A last line cut short (the process died writing it) is
     /// removed.
     pub fn resume(path: &std::path::Path) -> std::io::Result<Self> {
-        let mut seen = HashSet::new();
+        let mut seen = WrittenIds::default();
         if let Ok(text) = std::fs::read(path) {
             let whole = text.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
             if whole < text.len() {
@@ -95,7 +168,7 @@ impl JsonlSink<std::io::BufWriter<std::fs::File>> {
                     index: u32,
                 }
                 if let Ok(ids) = serde_json::from_slice::<Ids>(line) {
-                    seen.insert(OutputId {
+                    seen.insert(&OutputId {
                         tenant: ids.tenant,
                         agent: ids.agent,
                         key: ids.key,
@@ -120,13 +193,13 @@ impl<W: Write> JsonlSink<W> {
     pub fn new(writer: W) -> Self {
         Self {
             writer,
-            seen: HashSet::new(),
+            seen: WrittenIds::default(),
         }
     }
 
     /// Writes `output` unless its id was written before; returns whether it wrote.
     pub fn write(&mut self, output: &Output) -> std::io::Result<bool> {
-        if !self.seen.insert(output.id.clone()) {
+        if !self.seen.insert(&output.id) {
             return Ok(false);
         }
         let null = serde_json::value::RawValue::NULL;
@@ -168,5 +241,54 @@ impl<W: Write> JsonlSink<W> {
 
     pub fn into_inner(self) -> W {
         self.writer
+    }
+
+    /// How many output ids the sink keeps, to drop repeats.
+    pub fn remembered(&self) -> usize {
+        self.seen.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(key: &str, sequence: u64, index: u32) -> OutputId {
+        OutputId {
+            tenant: "t".to_owned(),
+            agent: "a".to_owned(),
+            key: key.to_owned(),
+            sequence,
+            index,
+        }
+    }
+
+    #[test]
+    fn written_ids_forget_only_the_outputs_of_completed_inputs() {
+        let mut written = WrittenIds::default();
+        for sequence in 1..=6 {
+            assert!(written.insert(&id("k", sequence, 0)));
+            assert!(written.insert(&id("k", sequence, 1)));
+        }
+        assert!(written.insert(&id("other", 1, 0)));
+        assert!(!written.insert(&id("k", 3, 1)), "a repeat is known");
+        let progress = |last_completed| KeyProgress {
+            last_completed,
+            ..KeyProgress::default()
+        };
+        let keys = BTreeMap::from([
+            ("k".to_owned(), progress(4)),
+            ("absent".to_owned(), progress(9)),
+        ]);
+        written.forget_completed(&keys);
+        assert_eq!(written.len(), 5, "k's inputs 5 and 6, and the other key's");
+        assert!(!written.contains(&id("k", 4, 1)));
+        assert!(written.contains(&id("k", 5, 0)) && written.contains(&id("k", 6, 1)));
+        assert!(
+            written.contains(&id("other", 1, 0)),
+            "keys the checkpoint does not name stay"
+        );
+        written.forget_completed(&BTreeMap::from([("k".to_owned(), progress(6))]));
+        assert_eq!(written.len(), 1);
     }
 }

@@ -419,6 +419,7 @@ impl<S: OutputSink> Run<'_, S> {
         };
         crash::reached(CrashPoint::CheckpointSaved);
         self.next_checkpoint += 1;
+        self.sink.checkpointed(&checkpoint.keys);
         tracing::debug!(
             checkpoint = id,
             pending = checkpoint.pending.len(),

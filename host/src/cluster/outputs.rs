@@ -5,14 +5,15 @@
 //! resumed from (it reads them back at open) and drops an output it has written before.
 //! A host that lost the partition cannot write one more (fencing).
 
-use std::collections::HashSet;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
 use super::Layout;
-use crate::agent::OutputSink;
+use crate::agent::{OutputSink, WrittenIds};
+use crate::checkpoint::KeyProgress;
 use crate::event::{Output, OutputId};
 use crate::log::{Log, StreamSpec};
 
@@ -77,7 +78,7 @@ pub async fn read_outputs(
 #[derive(Debug)]
 pub struct StreamSink {
     log: Arc<dyn Log>,
-    seen: HashSet<OutputId>,
+    seen: WrittenIds,
 }
 
 impl StreamSink {
@@ -85,12 +86,16 @@ impl StreamSink {
     /// checkpoint's output position: outputs before it are of inputs that will not run
     /// again).
     pub async fn open(log: Arc<dyn Log>, from: u64) -> anyhow::Result<Self> {
-        let seen = read_outputs(&*log, 0, from)
-            .await?
-            .into_iter()
-            .map(|(_, output)| output.id())
-            .collect();
+        let mut seen = WrittenIds::default();
+        for (_, output) in read_outputs(&*log, 0, from).await? {
+            seen.insert(&output.id());
+        }
         Ok(Self { log, seen })
+    }
+
+    /// How many output ids the sink keeps, to drop repeats.
+    pub fn remembered(&self) -> usize {
+        self.seen.len()
     }
 }
 
@@ -116,7 +121,7 @@ impl OutputSink for StreamSink {
             .append(0, bytes)
             .await
             .map_err(std::io::Error::other)?;
-        self.seen.insert(output.id.clone());
+        self.seen.insert(&output.id);
         Ok(true)
     }
 
@@ -128,5 +133,9 @@ impl OutputSink for StreamSink {
     async fn position(&mut self) -> std::io::Result<Option<u64>> {
         let (_, end) = self.log.bounds(0).await.map_err(std::io::Error::other)?;
         Ok(Some(end))
+    }
+
+    fn checkpointed(&mut self, keys: &BTreeMap<String, KeyProgress>) {
+        self.seen.forget_completed(keys);
     }
 }

@@ -41,6 +41,23 @@ async fn process(
     gate: &Arc<Counting>,
     lines: &[Value],
 ) -> (Summary, Vec<Value>) {
+    let (summary, sink) = process_into_sink(state, shape, toml, gate, lines).await;
+    let outputs = String::from_utf8(sink.into_inner())
+        .expect("utf-8")
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("JSON"))
+        .collect();
+    (summary, outputs)
+}
+
+/// [`process`], returning its output sink.
+async fn process_into_sink(
+    state: &Path,
+    shape: Shape,
+    toml: &str,
+    gate: &Arc<Counting>,
+    lines: &[Value],
+) -> (Summary, JsonlSink<Vec<u8>>) {
     let strategy = shape.strategy;
     let (log, _) = FileLog::open(
         &state.join("log"),
@@ -111,12 +128,7 @@ async fn process(
     )
     .await
     .expect("run");
-    let outputs = String::from_utf8(sink.into_inner())
-        .expect("utf-8")
-        .lines()
-        .map(|l| serde_json::from_str(l).expect("JSON"))
-        .collect();
-    (summary, outputs)
+    (summary, sink)
 }
 
 /// The mock service, and the `caller` agent with `lookup` (the mock's order lookup, over
@@ -222,6 +234,29 @@ async fn a_finished_run_started_again_has_nothing_to_do() {
     .await;
     assert_eq!((again.inputs, outputs.len()), (0, 0), "{again:?}");
     assert_eq!(gate.calls(), 20);
+}
+
+/// A sink keeps the id of each output it wrote, to drop a repeat; once a checkpoint counts
+/// an input complete, that input never runs again in the run, and its ids are let go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sink_lets_go_of_the_ids_of_inputs_a_checkpoint_counts_complete() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let toml = agent_toml("caller", "", "[functions.gate]\nkind = \"custom\"\n");
+    let gate = Counting::new();
+    let lines: Vec<Value> = (0..30)
+        .map(|i| json!({ "key": format!("k{}", i % 3), "payload": { "calls": [{ "function": "gate", "args": { "i": i } }] } }))
+        .collect();
+    let shape = Shape {
+        every_inputs: Some(10),
+        ..Shape::at_end(MarkerStrategy::Offsets)
+    };
+    let (summary, sink) = process_into_sink(dir.path(), shape, &toml, &gate, &lines).await;
+    assert_eq!((summary.completed, summary.outputs), (30, 30));
+    assert_eq!(
+        sink.remembered(),
+        0,
+        "the last checkpoint counts every input complete"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
