@@ -1,4 +1,5 @@
-//! The JSONL output sink: one line per output, replayed duplicates dropped by id.
+//! The JSONL output sink: one line per output, replayed duplicates dropped by id (until a
+//! checkpoint counts their input complete: then it cannot run again).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io::Write;
@@ -38,9 +39,11 @@ impl WrittenIds {
             .insert((id.sequence, id.index))
     }
 
-    /// Forgets the outputs of every input of `keys` up to its last completed one. Those
-    /// inputs do not run again: not in this run, and not after a recovery from this
-    /// checkpoint or a later one (which opens a new sink, reading the ids it needs).
+    /// Forgets the outputs of every input of `keys` (the keys of the one agent whose run
+    /// the sink serves) up to its last completed one. Those inputs do not run again: not in
+    /// this run, and not after a recovery from this checkpoint or a later one (which opens
+    /// a new sink, reading the ids it needs). Ids of other agents, read from a file the
+    /// sink resumed, are matched by key too: harmless, as this run writes none of them.
     pub fn forget_completed(&mut self, keys: &BTreeMap<String, KeyProgress>) {
         for agents in self.0.values_mut() {
             for written in agents.values_mut() {
@@ -104,8 +107,9 @@ impl OutputWriter for std::io::Stdout {}
 /// Where a run's outputs go: each output once, by id, however often its input runs.
 #[async_trait::async_trait]
 pub trait OutputSink: Send {
-    /// Writes `output` unless an output with its id was written before; returns whether
-    /// it wrote. An output it wrote is durable once [`sync`](Self::sync) returns.
+    /// Writes `output` unless an output with its id was written before (and not let go by
+    /// [`checkpointed`](Self::checkpointed)); returns whether it wrote. An output it wrote
+    /// is durable once [`sync`](Self::sync) returns.
     async fn write(&mut self, output: &Output) -> std::io::Result<bool>;
 
     /// Makes every output written so far durable: a checkpoint that counts their inputs
@@ -137,7 +141,8 @@ impl<W: OutputWriter + Send> OutputSink for JsonlSink<W> {
     }
 }
 
-/// Writes outputs as JSON Lines; an output whose id it has written before is dropped.
+/// Writes outputs as JSON Lines; an output whose id it has written before is dropped, until
+/// a checkpoint counts its input complete.
 #[derive(Debug)]
 pub struct JsonlSink<W: Write> {
     writer: W,

@@ -2,8 +2,9 @@
 //! by the partition's holder through a fenced log, one JSON object per output.
 //!
 //! Each output is written once: the sink knows the ids written since the checkpoint it
-//! resumed from (it reads them back at open) and drops an output it has written before.
-//! A host that lost the partition cannot write one more (fencing).
+//! resumed from (it reads them back at open) and drops an output it has written before,
+//! until a checkpoint counts its input complete (it cannot run again then). A host that
+//! lost the partition cannot write one more (fencing).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -94,8 +94,9 @@ struct Shard {
 }
 
 impl Shard {
-    /// Caches `cached` as the state at `key`, unless a newer version is cached already (a
-    /// refresh racing a write must not bring an older version back).
+    /// Caches `cached` as the state at `key`, unless a newer version is cached already
+    /// (callers write a key from one place at a time, so only a broken caller could bring
+    /// an older one: it does not replace the newer).
     fn insert(&mut self, key: &StateKey, cached: Cached) {
         let states = match self.scopes.get_mut(&key.scope) {
             Some(states) => states,
@@ -309,10 +310,10 @@ impl LogStore {
     }
 }
 
-/// The state in `cached`. The cache holds only what this build encoded or already decoded
-/// once from the log.
-fn decoded(cached: &Cached) -> ActionState {
-    encoding::decode(&cached.bytes).expect("a cached state decodes: it decoded before")
+/// The state in `bytes`, which the cache holds: this build's encoding of it, made by a
+/// write or by a rebuild from what it decoded.
+fn decoded(bytes: &Bytes) -> ActionState {
+    encoding::decode(bytes).expect("the cache holds only this build's encoding of states")
 }
 
 #[async_trait]
@@ -343,17 +344,29 @@ impl ActionStateStore for LogStore {
     }
 
     fn get(&self, key: &StateKey) -> Option<ActionState> {
-        let shard = self.shard(self.partition_of(&key.scope));
-        shard.scopes.get(&key.scope)?.get(&within(key)).map(decoded)
+        // Decoded once the lock is let go: writes to the partition do not wait for it.
+        let bytes = {
+            let shard = self.shard(self.partition_of(&key.scope));
+            shard
+                .scopes
+                .get(&key.scope)?
+                .get(&within(key))?
+                .bytes
+                .clone()
+        };
+        Some(decoded(&bytes))
     }
 
     fn states(&self, scope: &KeyScope) -> Vec<ActionState> {
-        let shard = self.shard(self.partition_of(scope));
-        shard
-            .scopes
-            .get(scope)
-            .map(|states| states.values().map(decoded).collect())
-            .unwrap_or_default()
+        let all: Vec<Bytes> = {
+            let shard = self.shard(self.partition_of(scope));
+            shard
+                .scopes
+                .get(scope)
+                .map(|states| states.values().map(|cached| cached.bytes.clone()).collect())
+                .unwrap_or_default()
+        };
+        all.iter().map(decoded).collect()
     }
 
     fn scopes(&self) -> Vec<KeyScope> {
@@ -392,14 +405,18 @@ impl ActionStateStore for LogStore {
             windows.push(read_window(&*self.log, partition, from).await?);
         }
         let ends: Vec<Offset> = windows.iter().map(|window| window.end).collect();
-        let (shards, highest) = newest_states(windows)?;
+        let (shards, highest) = newest_states(windows, partitions)?;
         self.next_version.fetch_max(highest + 1, Ordering::Relaxed);
         for (acknowledged, end) in self.acknowledged.iter().zip(ends) {
             acknowledged.fetch_max(end, Ordering::AcqRel);
         }
-        // Nothing else runs during a rebuild, so the shards are replaced one by one.
+        // Every shard locked (in partition order, as nothing else holds two) and then
+        // replaced: a marker sees the old cache or the new one, never some of each.
+        let mut guards: Vec<MutexGuard<'_, Shard>> = (0..partitions)
+            .map(|partition| self.shard(partition))
+            .collect();
         for (partition, shard) in shards {
-            *self.shard(partition) = shard;
+            *guards[partition as usize] = shard;
         }
         Ok(())
     }
@@ -458,7 +475,7 @@ async fn read_window(log: &dyn Log, partition: u32, from: Offset) -> Result<Wind
 /// Decodes the windows on every core (a state's versions are all in its own partition, so
 /// partitions are independent) into a shard each, holding each state's newest version.
 /// Returns the shards and the highest version seen.
-fn newest_states(windows: Vec<Window>) -> Result<Decoded, StoreError> {
+fn newest_states(windows: Vec<Window>, partitions: u32) -> Result<Decoded, StoreError> {
     let threads = std::thread::available_parallelism().map_or(1, usize::from);
     let mut shares: Vec<Vec<Window>> = (0..threads).map(|_| Vec::new()).collect();
     for (i, window) in windows.into_iter().enumerate() {
@@ -467,7 +484,7 @@ fn newest_states(windows: Vec<Window>) -> Result<Decoded, StoreError> {
     let results: Vec<Result<Decoded, StoreError>> = std::thread::scope(|scope| {
         let handles: Vec<_> = shares
             .into_iter()
-            .map(|share| scope.spawn(move || decode_share(share)))
+            .map(|share| scope.spawn(move || decode_share(share, partitions)))
             .collect();
         handles
             .into_iter()
@@ -490,23 +507,44 @@ fn newest_states(windows: Vec<Window>) -> Result<Decoded, StoreError> {
     Ok((all, highest))
 }
 
-fn decode_share(share: Vec<Window>) -> Result<Decoded, StoreError> {
+/// Decodes `share` (windows of a log of `partitions` partitions) into a shard each.
+fn decode_share(share: Vec<Window>, partitions: u32) -> Result<Decoded, StoreError> {
     let mut shards = Vec::with_capacity(share.len());
     let mut highest = 0;
     for window in share {
         let partition = window.partition;
         let mut states = Vec::with_capacity(window.records.len());
         for record in window.records {
-            let state = encoding::decode(&record.payload).map_err(|e| StoreError::Decode {
+            let offset = record.offset;
+            let decode_error = |message: String| StoreError::Decode {
                 partition,
-                offset: record.offset,
-                message: e.to_string(),
-            })?;
+                offset,
+                message,
+            };
+            let state =
+                encoding::decode(&record.payload).map_err(|e| decode_error(e.to_string()))?;
+            // The cache looks a state up in its scope's partition, and its marker counts the
+            // offsets of each partition's own states.
+            let home = state.key.scope.partition(partitions);
+            if home != partition {
+                return Err(StoreError::Misplaced {
+                    partition,
+                    offset,
+                    key: state.key.to_string(),
+                    home,
+                });
+            }
             highest = highest.max(state.version);
+            // A state of an older encoding is kept in this build's, which a refresh writes.
+            let bytes = if record.payload.first() == Some(&encoding::ENCODING) {
+                Bytes::from(record.payload)
+            } else {
+                Bytes::from(encoding::encode(&state).map_err(|e| decode_error(e.to_string()))?)
+            };
             let cached = Cached {
                 version: state.version,
-                bytes: Bytes::from(record.payload),
-                offset: record.offset,
+                bytes,
+                offset,
             };
             states.push((state.key, cached));
         }
@@ -560,5 +598,78 @@ mod tests {
             Arc::new(MemoryLog::new(partitions)),
             MarkerStrategy::Refresh
         )));
+    }
+
+    use crate::event::Event;
+    use crate::log::Log;
+    use crate::store::{
+        ActionState, ActionStateStore, Digest, KeyScope, Marker, StateKey, StoreError, encoding,
+    };
+
+    fn state(key: &str) -> ActionState {
+        let key = StateKey {
+            scope: KeyScope::new("t", "a", key),
+            sequence: 1,
+            action: "act".to_owned(),
+            trigger: Digest::of(&[b"input"]),
+        };
+        ActionState {
+            version: 7,
+            ..ActionState::new(key, Event::new("input", "{}"))
+        }
+    }
+
+    /// A state an older build wrote (encoding 1, JSON) is re-appended by a refresh in this
+    /// build's encoding: the log moves on from old encodings as states are refreshed.
+    #[tokio::test]
+    async fn a_refresh_writes_states_of_older_encodings_in_this_builds() {
+        let log = Arc::new(MemoryLog::new(2));
+        let old = state("k");
+        let partition = old.key.scope.partition(2);
+        let mut json = vec![1];
+        json.extend(serde_json::to_vec(&old).expect("JSON"));
+        log.append(partition, json).await.expect("append");
+        let store = LogStore::new(Arc::clone(&log) as Arc<dyn Log>, MarkerStrategy::Refresh);
+        store
+            .rebuild(&Marker {
+                offsets: vec![0, 0],
+            })
+            .await
+            .expect("rebuild");
+        assert_eq!(store.get(&old.key), Some(old.clone()));
+
+        store.marker().await.expect("refresh");
+        let records = log.read(partition, 1, 10).await.expect("read");
+        assert_eq!(records.len(), 1, "the state was re-appended");
+        assert_eq!(records[0].payload[0], encoding::ENCODING);
+        assert_eq!(encoding::decode(&records[0].payload).expect("decodes"), old);
+    }
+
+    /// A state found in another partition than its scope's cannot be cached where it would
+    /// be looked for (or counted by markers): the rebuild says so.
+    #[tokio::test]
+    async fn a_state_in_the_wrong_partition_fails_the_rebuild_naming_it() {
+        let log = Arc::new(MemoryLog::new(2));
+        let misplaced = state("k");
+        let home = misplaced.key.scope.partition(2);
+        let elsewhere = 1 - home;
+        log.append(elsewhere, encoding::encode(&misplaced).expect("encodes"))
+            .await
+            .expect("append");
+        let store = LogStore::new(Arc::clone(&log) as Arc<dyn Log>, MarkerStrategy::Offsets);
+        let error = store
+            .rebuild(&Marker {
+                offsets: vec![0, 0],
+            })
+            .await
+            .expect_err("a misplaced state");
+        assert!(matches!(error, StoreError::Misplaced { .. }), "{error:?}");
+        let message = error.to_string();
+        assert!(
+            message.contains(&format!("partition {elsewhere}, offset 0"))
+                && message.contains(&format!("belongs in partition {home}"))
+                && message.contains("t/a/k"),
+            "{message}"
+        );
     }
 }

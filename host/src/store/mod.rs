@@ -58,6 +58,17 @@ pub enum StoreError {
         offset: u64,
         message: String,
     },
+    #[error(
+        "partition {partition}, offset {offset}: the state {key} belongs in partition {home}; \
+         the log's partitions were rearranged since it was written (states are placed by a \
+         hash of their scope over the partition count)"
+    )]
+    Misplaced {
+        partition: u32,
+        offset: u64,
+        key: String,
+        home: u32,
+    },
     /// The log did not acknowledge a write or a read (disk full, server gone, ...).
     #[error("the log is unavailable: {0}")]
     Unavailable(String),
