@@ -66,6 +66,14 @@ impl LogCheckpoints {
         Ok(records)
     }
 
+    /// The offsets of the first and the last checkpoint this store keeps, once it has
+    /// saved one (before, it has not read them).
+    async fn saved_edges(&self) -> Option<(Offset, Offset)> {
+        let saved = self.saved.lock().await;
+        let saved = saved.as_ref()?;
+        Some((*saved.front()?, *saved.back()?))
+    }
+
     async fn records(&self) -> Result<Vec<Record>, CheckpointError> {
         self.records_from(None).await
     }
@@ -123,12 +131,7 @@ impl CheckpointStore for LogCheckpoints {
     }
 
     async fn latest(&self) -> Result<Option<Checkpoint>, CheckpointError> {
-        let last_saved = self
-            .saved
-            .lock()
-            .await
-            .as_ref()
-            .and_then(|saved| saved.back().copied());
+        let last_saved = self.saved_edges().await.map(|(_, last)| last);
         // From the last this store saved: normally that one record, but anything appended
         // after it too.
         let record = self.records_from(last_saved).await?.pop();
@@ -145,12 +148,7 @@ impl CheckpointStore for LogCheckpoints {
 
     async fn oldest(&self) -> Result<Option<Checkpoint>, CheckpointError> {
         // The oldest this store kept (retention deletes only below it), or the start.
-        let first_saved = self
-            .saved
-            .lock()
-            .await
-            .as_ref()
-            .and_then(|saved| saved.front().copied());
+        let first_saved = self.saved_edges().await.map(|(first, _)| first);
         let from = match first_saved {
             Some(offset) => offset,
             None => {
