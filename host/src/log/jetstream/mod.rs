@@ -12,11 +12,12 @@
 //! (readers skip them). After that, each write carries `Nats-Expected-Last-Sequence`, the
 //! place its predecessor lands at, so the server takes it only if nothing else came in
 //! between: whatever an earlier holder still sends expects a place before the fence, and is
-//! refused. A partition's writes go through one task, its [`writer`], which keeps several
-//! in flight and settles them in order; its documentation shows why an earlier holder's
-//! pipelined writes cannot land after the whole fence. A writer whose publish fails reads
-//! where the stream ends and asks its authority whether it still holds the partition: if so
-//! it goes on from there, if not the log is fenced for good.
+//! refused. A partition's writes form one chain, its [`writer`]: several in flight, each
+//! published by its own appender under the partition's publish lock, settled in order; its
+//! documentation shows why an earlier holder's pipelined writes cannot land after the whole
+//! fence. When a publish fails, the chain's mender reads where the stream ends and asks the
+//! authority whether this host still holds the partition: if so it goes on from there, if
+//! not the log is fenced for good.
 //!
 //! (The server also offers `Nats-Expected-Last-Msg-Id`, which chains writes by id and so
 //! needs no predicting. nats-server 2.9 checks it against an id it keeps in memory and
@@ -122,7 +123,7 @@ struct Partition {
 
 /// An append of [`JetStreamLog::append_many`] on its way.
 enum Published<'a> {
-    Fenced(tokio::sync::oneshot::Receiver<Result<Offset, LogError>>),
+    Fenced(writer::Pending),
     Unfenced(
         &'a Partition,
         String,
@@ -413,7 +414,7 @@ impl Log for JetStreamLog {
         let partition = self.partition(partition)?;
         let payload = Bytes::from(payload);
         if let Some(writer) = &partition.writer {
-            return writer::Handle::settled(writer.submit(payload)).await;
+            return writer.publish(payload).await.settled().await;
         }
         let id = format!("{:032x}", rand::random::<u128>());
         let ack = self.send(partition, &id, &payload).await;
@@ -428,7 +429,7 @@ impl Log for JetStreamLog {
             let partition = self.partition(partition)?;
             let payload = Bytes::from(payload);
             published.push(match &partition.writer {
-                Some(writer) => Published::Fenced(writer.submit(payload)),
+                Some(writer) => Published::Fenced(writer.publish(payload).await),
                 None => {
                     let id = format!("{:032x}", rand::random::<u128>());
                     let ack = self.send(partition, &id, &payload).await;
@@ -440,7 +441,7 @@ impl Log for JetStreamLog {
         let mut offsets = Vec::with_capacity(published.len());
         for published in published {
             offsets.push(match published {
-                Published::Fenced(receiver) => writer::Handle::settled(receiver).await?,
+                Published::Fenced(pending) => pending.settled().await?,
                 Published::Unfenced(partition, id, payload, ack) => {
                     self.settle_unfenced(partition, &id, &payload, ack, started)
                         .await?

@@ -540,6 +540,64 @@ async fn appends_whose_acknowledgements_were_lost_land_once() {
     );
 }
 
+/// Appending tasks cancelled at any point (waiting to publish, publishing, or waiting for
+/// the acknowledgement) leave the partition writable: their acknowledgements are still
+/// awaited, so the window of publishes in flight never fills with answers nobody records.
+/// What a cancelled append did is in the log at most once; what was answered is where it
+/// was told.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn appends_cancelled_in_flight_leave_the_partition_writable() {
+    let server = NatsServers::single().expect("nats-server starts");
+    let holder = Arc::new(Holder::default());
+    let log = Arc::new(open(&server.url(), "a", &holder).await);
+    let mut cancelled = Vec::new();
+    for i in 0..8 * IN_FLIGHT {
+        let log = Arc::clone(&log);
+        // From at once to about a round trip: every stage of an append gets cut.
+        let within = Duration::from_micros(10) * u32::try_from(i % 40).expect("small");
+        cancelled.push(tokio::spawn(async move {
+            let payload = format!("cancelled-{i}").into_bytes();
+            let answered = tokio::time::timeout(within, log.append(0, payload.clone())).await;
+            (payload, answered)
+        }));
+    }
+    let mut answered = BTreeSet::new();
+    let mut cut = 0;
+    for task in cancelled {
+        match task.await.expect("task") {
+            (payload, Ok(Ok(offset))) => {
+                answered.insert((offset, payload));
+            }
+            (_, Ok(Err(error))) => panic!("an append failed: {error}"),
+            (_, Err(_elapsed)) => cut += 1,
+        }
+    }
+    assert!(
+        cut > IN_FLIGHT,
+        "more appends were cut ({cut}) than a window holds, or the test shows nothing"
+    );
+
+    let mut after = BTreeSet::new();
+    for i in 0..(2 * IN_FLIGHT) {
+        let payload = format!("after-{i}").into_bytes();
+        let offset = tokio::time::timeout(Duration::from_secs(10), log.append(0, payload.clone()))
+            .await
+            .unwrap_or_else(|_| panic!("append after-{i} still waits: the partition stalled"))
+            .expect("appends after the cancelled ones land");
+        after.insert((offset, payload));
+    }
+
+    let records = everything(&*log).await;
+    let payloads: Vec<&Vec<u8>> = records.iter().map(|(_, payload)| payload).collect();
+    let distinct: BTreeSet<&Vec<u8>> = payloads.iter().copied().collect();
+    assert_eq!(distinct.len(), payloads.len(), "no append landed twice");
+    let records: BTreeSet<(u64, Vec<u8>)> = records.into_iter().collect();
+    assert!(
+        answered.is_subset(&records) && after.is_subset(&records),
+        "every answered append is in the log where it was told"
+    );
+}
+
 /// A's view of the lease in the race below: while `armed`, the next answer it gives is the
 /// one it read, but B takes the partition over (and fences it) between the read and the
 /// answer, as when a lease expires right after its holder asked.
