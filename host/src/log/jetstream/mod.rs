@@ -123,7 +123,7 @@ struct Partition {
 
 /// An append of [`JetStreamLog::append_many`] on its way.
 enum Published<'a> {
-    Fenced(writer::Pending),
+    Fenced(tokio::sync::oneshot::Receiver<Result<Offset, LogError>>),
     Unfenced(
         &'a Partition,
         String,
@@ -423,13 +423,14 @@ impl Log for JetStreamLog {
     }
 
     async fn append_many(&self, records: Vec<(u32, Vec<u8>)>) -> Result<Vec<Offset>, LogError> {
-        // Every record is published before any acknowledgement is awaited.
+        // Every record is published before any acknowledgement is awaited; a fenced one's is
+        // awaited by a task of its own meanwhile (see `writer::Pending::detach`).
         let mut published = Vec::with_capacity(records.len());
         for (partition, payload) in records {
             let partition = self.partition(partition)?;
             let payload = Bytes::from(payload);
             published.push(match &partition.writer {
-                Some(writer) => Published::Fenced(writer.publish(payload).await),
+                Some(writer) => Published::Fenced(writer.publish(payload).await.detach()),
                 None => {
                     let id = format!("{:032x}", rand::random::<u128>());
                     let ack = self.send(partition, &id, &payload).await;
@@ -441,7 +442,7 @@ impl Log for JetStreamLog {
         let mut offsets = Vec::with_capacity(published.len());
         for published in published {
             offsets.push(match published {
-                Published::Fenced(pending) => pending.settled().await?,
+                Published::Fenced(receiver) => receiver.await.unwrap_or(Err(LogError::Closed))?,
                 Published::Unfenced(partition, id, payload, ack) => {
                     self.settle_unfenced(partition, &id, &payload, ack, started)
                         .await?

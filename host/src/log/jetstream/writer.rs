@@ -93,6 +93,29 @@ impl Pending {
             Pending::Refused(error) => Err(error),
         }
     }
+
+    /// Has the acknowledgement awaited and recorded by a task of its own, at once: for a
+    /// caller that holds several appends and awaits them one by one. (Each waits for
+    /// those before it to be recorded: so a caller holding appends that it does not await
+    /// could fill the window, or keep a mender waiting, for ever.)
+    pub fn detach(self) -> oneshot::Receiver<Result<Offset, LogError>> {
+        match self {
+            Pending::InFlight(in_flight) => {
+                let (reply, receiver) = oneshot::channel();
+                let runtime = in_flight.shared.runtime.clone();
+                runtime.spawn(async move {
+                    let _ = reply.send(in_flight.settled().await);
+                });
+                receiver
+            }
+            Pending::Queued(receiver) => receiver,
+            Pending::Refused(error) => {
+                let (reply, receiver) = oneshot::channel();
+                let _ = reply.send(Err(error));
+                receiver
+            }
+        }
+    }
 }
 
 impl Handle {
@@ -167,16 +190,13 @@ impl InFlight {
 impl Drop for InFlight {
     fn drop(&mut self) {
         // Dropped before its acknowledgement came: the window waits for it, so it is awaited
-        // and recorded elsewhere. (Without a runtime nothing is left to wait.)
+        // and recorded elsewhere.
         let (Some(ack), Some(draft)) = (self.ack.take(), self.draft.take()) else {
-            return;
-        };
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
         let shared = Arc::clone(&self.shared);
         let serial = self.serial;
-        runtime.spawn(async move {
+        self.shared.runtime.spawn(async move {
             let _ = shared.settle(serial, draft, ack.await);
         });
     }
@@ -267,6 +287,7 @@ pub async fn start(
     }
     Ok(Handle {
         shared: Arc::new(Shared {
+            runtime: tokio::runtime::Handle::current(),
             context: context.clone(),
             spec: spec.clone(),
             authority,
@@ -292,6 +313,9 @@ fn fence_message(id: &str) -> PublishMessage {
 }
 
 struct Shared {
+    /// Where the partition's tasks run (its mender, acknowledgements handed over): the
+    /// runtime the log was opened on, also when an append is dropped off it.
+    runtime: tokio::runtime::Handle,
     context: jetstream::Context,
     spec: StreamSpec,
     authority: Arc<dyn Authority>,
@@ -503,7 +527,7 @@ impl Shared {
                     chain.broken = true;
                     if !chain.mending {
                         chain.mending = true;
-                        tokio::spawn(Arc::clone(self).mend());
+                        self.runtime.spawn(Arc::clone(self).mend());
                     }
                     // Appenders waiting for room queue for the mender instead.
                     self.room.notify_waiters();
@@ -654,14 +678,24 @@ impl Shared {
                 (append, serial, expected)
             };
             let Append { draft, reply } = append;
-            let ack = self.send(&draft.id, &draft.payload, expected).await;
+            let mut claimed = Claimed {
+                shared: self,
+                serial,
+                draft: Some(draft),
+            };
+            let ack = self.send(
+                &claimed.draft_ref().id,
+                &claimed.draft_ref().payload,
+                expected,
+            );
+            let ack = ack.await;
             let in_flight = InFlight {
                 shared: Arc::clone(self),
                 serial,
-                draft: Some(draft),
+                draft: claimed.draft.take(),
                 ack: Some(ack),
             };
-            tokio::spawn(async move {
+            self.runtime.spawn(async move {
                 let _ = reply.send(in_flight.settled().await);
             });
         }

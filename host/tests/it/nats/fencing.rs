@@ -469,12 +469,13 @@ impl Proxy {
                     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
                     let mut buffer = vec![0u8; 64 * 1024];
                     loop {
-                        while held.load(std::sync::atomic::Ordering::Acquire) {
-                            tokio::time::sleep(Duration::from_millis(10)).await;
-                        }
                         let Ok(n) = server_read.read(&mut buffer).await else {
                             return;
                         };
+                        // Also what was read while nothing was held yet.
+                        while held.load(std::sync::atomic::Ordering::Acquire) {
+                            tokio::time::sleep(Duration::from_millis(10)).await;
+                        }
                         if n == 0 || client_write.write_all(&buffer[..n]).await.is_err() {
                             return;
                         }
@@ -596,6 +597,67 @@ async fn appends_cancelled_in_flight_leave_the_partition_writable() {
         answered.is_subset(&records) && after.is_subset(&records),
         "every answered append is in the log where it was told"
     );
+}
+
+/// One `append_many` of more records for a partition than its window holds: each record's
+/// acknowledgement is awaited while the caller still publishes the next ones, so the
+/// window empties as it fills. All land, in order, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_append_many_larger_than_the_window_lands_in_order() {
+    let server = NatsServers::single().expect("nats-server starts");
+    let holder = Arc::new(Holder::default());
+    let log = open(&server.url(), "a", &holder).await;
+    let payloads: Vec<Vec<u8>> = (0..4 * IN_FLIGHT)
+        .map(|i| format!("many-{i}").into_bytes())
+        .collect();
+    let records = payloads.iter().map(|p| (0, p.clone())).collect();
+    let offsets = tokio::time::timeout(Duration::from_secs(30), log.append_many(records))
+        .await
+        .expect("the append_many finishes: its window did not stall")
+        .expect("appended");
+    assert!(offsets.is_sorted(), "in the order given: {offsets:?}");
+    let written: Vec<(u64, Vec<u8>)> = offsets.into_iter().zip(payloads).collect();
+    assert_eq!(
+        everything(&log).await,
+        written,
+        "each record once, where it was told"
+    );
+}
+
+/// The acknowledgements of an `append_many`'s records are lost while the caller waits for
+/// the first of them: the chain breaks at that one, and its mender waits for every record
+/// in flight to settle, the later ones of the same call too. They settle without the
+/// caller, the mender publishes again what failed, and every record lands once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_append_many_whose_acknowledgements_were_lost_lands_once() {
+    let server = NatsServers::single().expect("nats-server starts");
+    let proxy = Proxy::start(&server.url()).await;
+    let holder = Arc::new(Holder::default());
+    *holder.0.lock().expect("holder") = "a";
+    let host = Host {
+        name: "a",
+        holder: Arc::clone(&holder),
+    };
+    let log = open_with(&proxy.url, Some(Duration::from_millis(500)), Arc::new(host)).await;
+    proxy.hold(true);
+    let payloads: Vec<Vec<u8>> = (0..8).map(|i| format!("held-{i}").into_bytes()).collect();
+    let records = payloads.iter().map(|p| (0, p.clone())).collect();
+    let appended = tokio::spawn(async move {
+        let offsets = tokio::time::timeout(Duration::from_secs(20), log.append_many(records))
+            .await
+            .expect("the append_many finishes: its mender did not wait for ever")
+            .expect("appended");
+        (log, offsets)
+    });
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    proxy.hold(false);
+    let (log, offsets) = appended.await.expect("append_many");
+    let written: Vec<(u64, Vec<u8>)> = offsets.into_iter().zip(payloads).collect();
+    let mut records = everything(&log).await;
+    records.sort();
+    let mut expected = written.clone();
+    expected.sort();
+    assert_eq!(records, expected, "each record once, where it was told");
 }
 
 /// A's view of the lease in the race below: while `armed`, the next answer it gives is the
