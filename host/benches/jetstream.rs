@@ -2,7 +2,8 @@
 //! publish-acks of the same run, on one node and on a 3-node cluster with 3 replicas (all on
 //! loopback). A bench binary (not criterion). Throughput is measured in rounds, each
 //! running every figure once, one after another, so that each round's ratios compare runs
-//! that saw the same machine; the summary gives the medians.
+//! that saw the same machine; each round starts with the next figure, so that none always
+//! runs first or last; the summary gives the medians.
 //!
 //! `cargo bench -p rewind-host --bench jetstream`; results in BENCHMARKS.md.
 
@@ -23,9 +24,9 @@ use common::{calls as calls_of, calls_per_second_64_keys, key, noop_functions};
 mod common;
 
 const PARTITIONS: u32 = 8;
-const SAMPLES: usize = 500;
+const SAMPLES: usize = 1_000;
 const PER_KEY: u64 = 400;
-const ROUNDS: usize = 5;
+const ROUNDS: usize = 12;
 
 /// The CPU time this process (the host side: client, log, store, calls) has used so far.
 fn cpu_time() -> Duration {
@@ -278,12 +279,23 @@ fn main() {
             );
             let mut rounds = Vec::with_capacity(ROUNDS);
             for round in 1..=ROUNDS {
-                let raw = rate(raw_throughput(mean, &context, "raw64", replicas, false)).await;
-                let ids = rate(raw_throughput(mean, &context, "raw64ids", replicas, true)).await;
-                let appends = rate(log_appends(mean, &context, "appends", replicas)).await;
-                let store = open_store(&context, "calls64", replicas).await;
-                let calls = rate(calls_per_second_64_keys(&store, &functions, PER_KEY)).await;
-                let figures = [raw, ids, appends, calls];
+                // Each round starts with the next figure: none always runs after the
+                // others (and pays for the servers' collecting what they left).
+                let mut figures = [None; 4];
+                for turn in 0..4 {
+                    let figure = (round + turn) % 4;
+                    figures[figure] = Some(match figure {
+                        0 => rate(raw_throughput(mean, &context, "raw64", replicas, false)).await,
+                        1 => rate(raw_throughput(mean, &context, "raw64ids", replicas, true)).await,
+                        2 => rate(log_appends(mean, &context, "appends", replicas)).await,
+                        _ => {
+                            let store = open_store(&context, "calls64", replicas).await;
+                            rate(calls_per_second_64_keys(&store, &functions, PER_KEY)).await
+                        }
+                    });
+                }
+                let figures = figures.map(|figure| figure.expect("every figure ran"));
+                let raw = figures[0];
                 let shown: Vec<String> = figures
                     .iter()
                     .map(|f| {
