@@ -143,26 +143,9 @@ impl Handle {
                 shared.room().await;
                 continue;
             };
-            // Should this task be dropped before the message is handed to the client, the
-            // place it claimed fails, and the mender publishes the append again.
-            let mut claimed = Claimed {
-                shared,
-                serial,
-                draft: Some(draft),
-            };
-            let ack = shared.send(
-                &claimed.draft_ref().id,
-                &claimed.draft_ref().payload,
-                expected,
-            );
-            let ack = ack.await;
+            let in_flight = shared.publish_claimed(serial, expected, draft).await;
             drop(publishing);
-            return Pending::InFlight(InFlight {
-                shared: Arc::clone(shared),
-                serial,
-                draft: claimed.draft.take(),
-                ack: Some(ack),
-            });
+            return Pending::InFlight(in_flight);
         }
     }
 }
@@ -440,6 +423,34 @@ impl Shared {
         }
     }
 
+    /// Publishes `draft` at the place `serial` claimed, expecting `expected`; the caller
+    /// holds the publish lock. Should the caller be dropped before the message is handed to
+    /// the client, the place fails, and the mender publishes the append again.
+    async fn publish_claimed(
+        self: &Arc<Self>,
+        serial: u64,
+        expected: u64,
+        draft: Draft,
+    ) -> InFlight {
+        let mut claimed = Claimed {
+            shared: self,
+            serial,
+            draft: Some(draft),
+        };
+        let ack = self.send(
+            &claimed.draft_ref().id,
+            &claimed.draft_ref().payload,
+            expected,
+        );
+        let ack = ack.await;
+        InFlight {
+            shared: Arc::clone(self),
+            serial,
+            draft: claimed.draft.take(),
+            ack: Some(ack),
+        }
+    }
+
     /// Hands the message of `id` expecting `expected` to the client, and returns its
     /// acknowledgement to await.
     async fn send(&self, id: &str, payload: &Bytes, expected: u64) -> AckFuture {
@@ -678,23 +689,7 @@ impl Shared {
                 (append, serial, expected)
             };
             let Append { draft, reply } = append;
-            let mut claimed = Claimed {
-                shared: self,
-                serial,
-                draft: Some(draft),
-            };
-            let ack = self.send(
-                &claimed.draft_ref().id,
-                &claimed.draft_ref().payload,
-                expected,
-            );
-            let ack = ack.await;
-            let in_flight = InFlight {
-                shared: Arc::clone(self),
-                serial,
-                draft: claimed.draft.take(),
-                ack: Some(ack),
-            };
+            let in_flight = self.publish_claimed(serial, expected, draft).await;
             self.runtime.spawn(async move {
                 let _ = reply.send(in_flight.settled().await);
             });

@@ -491,21 +491,25 @@ impl Proxy {
     }
 }
 
+/// A's log, the sole holder's, through a [`Proxy`] to `server`; acknowledgements time out
+/// after half a second.
+async fn behind_a_proxy(server: &NatsServers) -> (Proxy, JetStreamLog) {
+    let proxy = Proxy::start(&server.url()).await;
+    let holder = Arc::new(Holder::default());
+    *holder.0.lock().expect("holder") = "a";
+    let host = Host { name: "a", holder };
+    let log = open_with(&proxy.url, Some(Duration::from_millis(500)), Arc::new(host)).await;
+    (proxy, log)
+}
+
 /// Acknowledgements held back past their timeout (their messages landed): the fenced
 /// writer publishes the appends again, is answered with where they landed before, mends its
 /// chain, and every append is in the log once, where it was told.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn appends_whose_acknowledgements_were_lost_land_once() {
     let server = NatsServers::single().expect("nats-server starts");
-    let proxy = Proxy::start(&server.url()).await;
-    let holder = Arc::new(Holder::default());
-    *holder.0.lock().expect("holder") = "a";
-    let host = Host {
-        name: "a",
-        holder: Arc::clone(&holder),
-    };
-    let log =
-        Arc::new(open_with(&proxy.url, Some(Duration::from_millis(500)), Arc::new(host)).await);
+    let (proxy, log) = behind_a_proxy(&server).await;
+    let log = Arc::new(log);
     let mut writers = Vec::new();
     for task in 0..16u32 {
         let log = Arc::clone(&log);
@@ -631,14 +635,7 @@ async fn an_append_many_larger_than_the_window_lands_in_order() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_append_many_whose_acknowledgements_were_lost_lands_once() {
     let server = NatsServers::single().expect("nats-server starts");
-    let proxy = Proxy::start(&server.url()).await;
-    let holder = Arc::new(Holder::default());
-    *holder.0.lock().expect("holder") = "a";
-    let host = Host {
-        name: "a",
-        holder: Arc::clone(&holder),
-    };
-    let log = open_with(&proxy.url, Some(Duration::from_millis(500)), Arc::new(host)).await;
+    let (proxy, log) = behind_a_proxy(&server).await;
     proxy.hold(true);
     let payloads: Vec<Vec<u8>> = (0..8).map(|i| format!("held-{i}").into_bytes()).collect();
     let records = payloads.iter().map(|p| (0, p.clone())).collect();
