@@ -23,11 +23,13 @@
 //! read where the stream ends *and* heard from its authority that it still holds the
 //! partition.
 //!
-//! Who does the work. On the way that matters for speed, nobody but the appender: it takes
-//! the partition's publish lock, claims the next place in the window, publishes, and awaits
-//! its own acknowledgement; then it records it in the window, which moves the chain past
-//! every publish at its front that landed where expected. (A task in between would cost
-//! each append two hand-overs, about a tenth of a publish's round trip on loopback.) An
+//! Who does the work. On the way that matters for speed, nobody but the appender: under
+//! the chain's lock it claims the next place in the window and hands its message to the
+//! client's queue (at once, or not at all: messages leave in the order of their places);
+//! then it awaits its own acknowledgement and records it in the window, which moves the
+//! chain past every publish at its front that landed where expected. (A task in between
+//! would cost each append two hand-overs, about a tenth of a publish's round trip on
+//! loopback; an async publish lock costs a hand-over whenever appenders meet.) An
 //! append that landed is answered at once, in or out of order; one that failed waits for
 //! the mender. An appender cancelled with its publish in flight hands the acknowledgement to
 //! a task of its own, so that the window never waits for an answer nobody will record.
@@ -50,6 +52,7 @@ use async_nats::jetstream::context::{PublishError, PublishErrorKind};
 use async_nats::jetstream::message::PublishMessage;
 use async_nats::jetstream::{self, publish::PublishAck};
 use bytes::Bytes;
+use futures_util::FutureExt as _;
 use tokio::sync::{Notify, oneshot};
 
 use super::{Authority, CONSUMER_WITHIN, RETRY_FOR, StreamSpec, backoff, io, retrying};
@@ -125,8 +128,7 @@ impl Handle {
         let draft = Draft::new(payload);
         let shared = &self.shared;
         loop {
-            let publishing = shared.publishing.lock().await;
-            let claimed = {
+            {
                 let mut chain = shared.chain();
                 if shared.fenced.load(Ordering::Acquire) {
                     return Pending::Refused(fenced(&shared.spec.name));
@@ -136,16 +138,41 @@ impl Handle {
                     chain.queued.push_back(Append { draft, reply });
                     return Pending::Queued(receiver);
                 }
-                (chain.window.len() < IN_FLIGHT).then(|| chain.claim())
-            };
-            let Some((serial, expected)) = claimed else {
-                drop(publishing);
-                shared.room().await;
-                continue;
-            };
-            let in_flight = shared.publish_claimed(serial, expected, draft).await;
-            drop(publishing);
-            return Pending::InFlight(in_flight);
+                if chain.window.len() < IN_FLIGHT {
+                    let (serial, expected) = chain.claim();
+                    // Handed to the client under the chain's lock, so that messages leave in
+                    // the order of the places they expect. The client's queue takes it at
+                    // once unless it is full: then the place fails as if its publish had,
+                    // and the mender publishes it again, waiting as long as the queue needs.
+                    // (Unconstrained: a task out of its scheduling budget would find even
+                    // a queue with room full.)
+                    let sent = tokio::task::unconstrained(shared.send(
+                        &draft.id,
+                        &draft.payload,
+                        expected,
+                    ))
+                    .now_or_never();
+                    return match sent {
+                        Some(ack) => Pending::InFlight(InFlight {
+                            shared: Arc::clone(shared),
+                            serial,
+                            draft: Some(draft),
+                            ack: Some(ack),
+                        }),
+                        None => {
+                            let full = PublishError::with_source(
+                                PublishErrorKind::Other,
+                                "the NATS client's queue of outgoing messages is full",
+                            );
+                            let failed = shared.settle_locked(&mut chain, serial, draft, Err(full));
+                            Pending::Queued(
+                                failed.expect_err("a failure is answered by the mender"),
+                            )
+                        }
+                    };
+                }
+            }
+            shared.room().await;
         }
     }
 }
@@ -274,7 +301,6 @@ pub async fn start(
             context: context.clone(),
             spec: spec.clone(),
             authority,
-            publishing: tokio::sync::Mutex::new(()),
             chain: Mutex::new(Chain {
                 last,
                 first: 0,
@@ -302,9 +328,6 @@ struct Shared {
     context: jetstream::Context,
     spec: StreamSpec,
     authority: Arc<dyn Authority>,
-    /// Held from claiming a place in the window until the message is handed to the
-    /// client, so that messages leave in the order of the places they expect.
-    publishing: tokio::sync::Mutex<()>,
     chain: Mutex<Chain>,
     /// Appenders waiting for room in a full window.
     room: Notify,
@@ -423,9 +446,10 @@ impl Shared {
         }
     }
 
-    /// Publishes `draft` at the place `serial` claimed, expecting `expected`; the caller
-    /// holds the publish lock. Should the caller be dropped before the message is handed to
-    /// the client, the place fails, and the mender publishes the append again.
+    /// The mender's publish of `draft` at the place `serial` claimed, expecting `expected`
+    /// (nobody else publishes while it mends, so it may wait for the client's queue).
+    /// Should the mender be dropped before the message is handed to the client, the place
+    /// fails.
     async fn publish_claimed(
         self: &Arc<Self>,
         serial: u64,
@@ -477,7 +501,17 @@ impl Shared {
         draft: Draft,
         result: Result<PublishAck, PublishError>,
     ) -> Result<Offset, oneshot::Receiver<Result<Offset, LogError>>> {
-        let mut chain = self.chain();
+        self.settle_locked(&mut self.chain(), serial, draft, result)
+    }
+
+    /// [`settle`](Self::settle), with the chain's lock held.
+    fn settle_locked(
+        self: &Arc<Self>,
+        chain: &mut Chain,
+        serial: u64,
+        draft: Draft,
+        result: Result<PublishAck, PublishError>,
+    ) -> Result<Offset, oneshot::Receiver<Result<Offset, LogError>>> {
         let index = usize::try_from(serial - chain.first).expect("a place in the window");
         let Slot::InFlight { expected } = chain.window[index] else {
             unreachable!("a publish settles once");
@@ -503,7 +537,7 @@ impl Shared {
             }
         };
         if !chain.broken {
-            self.advance(&mut chain);
+            self.advance(chain);
         }
         if chain.mending {
             self.settled.notify_one();
@@ -674,7 +708,6 @@ impl Shared {
     /// Publishes queued appends in order while the window has room, each settled by a task
     /// of its own. Hands the chain back (`true`) once nothing is queued.
     async fn publish_queued(self: &Arc<Self>) -> bool {
-        let _publishing = self.publishing.lock().await;
         loop {
             let (append, serial, expected) = {
                 let mut chain = self.chain();
