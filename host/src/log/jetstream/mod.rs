@@ -13,7 +13,7 @@
 //! place its predecessor lands at, so the server takes it only if nothing else came in
 //! between: whatever an earlier holder still sends expects a place before the fence, and is
 //! refused. A partition's writes form one chain, its [`writer`]: several in flight, each
-//! published by its own appender under the partition's publish lock, settled in order; its
+//! published by its own appender under the chain's lock, settled in order; its
 //! documentation shows why an earlier holder's pipelined writes cannot land after the whole
 //! fence. When a publish fails, the chain's mender reads where the stream ends and asks the
 //! authority whether this host still holds the partition: if so it goes on from there, if
@@ -51,6 +51,10 @@ pub use writer::IN_FLIGHT;
 /// How long JetStream remembers a `Nats-Msg-Id` (its default): well beyond the time an
 /// append is retried, so that a retry of a publish that landed is always known.
 const DUPLICATE_WINDOW: Duration = Duration::from_secs(120);
+
+/// Room for an append's headers within the server's largest message: `Nats-Msg-Id` (32
+/// hex digits) and `Nats-Expected-Last-Sequence` (up to 20 digits) take about 110 bytes.
+const HEADERS: usize = 128;
 
 /// How long an operation is retried (the server restarting, a cluster electing a leader)
 /// before it fails.
@@ -110,6 +114,9 @@ pub struct JetStreamLog {
     /// what a request to a stream whose leader just died waits for nothing.)
     quick: jetstream::Context,
     partitions: Vec<Partition>,
+    /// The largest record an append takes: the server's largest message, less room for
+    /// the headers an append carries.
+    max_record: usize,
 }
 
 #[derive(Debug)]
@@ -237,10 +244,17 @@ impl JetStreamLog {
         }
         let mut quick = context.clone();
         quick.set_timeout(CONSUMER_WITHIN);
+        // Known by now: the client has heard the server's INFO before the requests above
+        // were answered. (0 would be a server that never said.)
+        let max_payload = match context.client().server_info().max_payload {
+            0 => usize::MAX,
+            max => max,
+        };
         Ok(Self {
             context,
             quick,
             partitions,
+            max_record: max_payload.saturating_sub(HEADERS),
         })
     }
 
@@ -394,6 +408,18 @@ impl JetStreamLog {
         )
     }
 
+    /// Refuses a record larger than the server takes, at once: retried, it would fail for
+    /// [`RETRY_FOR`], and on a fenced partition hold up every append behind it meanwhile.
+    fn fits(&self, payload: &[u8]) -> Result<(), LogError> {
+        if payload.len() > self.max_record {
+            return Err(LogError::TooLarge {
+                size: payload.len(),
+                max: self.max_record,
+            });
+        }
+        Ok(())
+    }
+
     fn partition(&self, partition: u32) -> Result<&Partition, LogError> {
         self.partitions
             .get(partition as usize)
@@ -412,6 +438,7 @@ impl Log for JetStreamLog {
 
     async fn append(&self, partition: u32, payload: Vec<u8>) -> Result<Offset, LogError> {
         let partition = self.partition(partition)?;
+        self.fits(&payload)?;
         let payload = Bytes::from(payload);
         if let Some(writer) = &partition.writer {
             return writer.publish(payload).await.settled().await;
@@ -423,6 +450,9 @@ impl Log for JetStreamLog {
     }
 
     async fn append_many(&self, records: Vec<(u32, Vec<u8>)>) -> Result<Vec<Offset>, LogError> {
+        for (_, payload) in &records {
+            self.fits(payload)?;
+        }
         // Every record is published before any acknowledgement is awaited; a fenced one's is
         // awaited by a task of its own meanwhile (see `writer::Pending::detach`).
         let mut published = Vec::with_capacity(records.len());

@@ -141,9 +141,10 @@ impl Handle {
                 if chain.window.len() < IN_FLIGHT {
                     let (serial, expected) = chain.claim();
                     // Handed to the client under the chain's lock, so that messages leave in
-                    // the order of the places they expect. The client's queue takes it at
-                    // once unless it is full: then the place fails as if its publish had,
-                    // and the mender publishes it again, waiting as long as the queue needs.
+                    // the order of the places they expect. The client takes it at once
+                    // unless its queue (or its acknowledgements in flight) is full: then the
+                    // place is given back, and a mender task publishes the append, waiting as
+                    // long as the client needs, while later appends queue behind it.
                     // (Unconstrained: a task out of its scheduling budget would find even
                     // a queue with room full.)
                     let sent = tokio::task::unconstrained(shared.send(
@@ -160,14 +161,14 @@ impl Handle {
                             ack: Some(ack),
                         }),
                         None => {
-                            let full = PublishError::with_source(
-                                PublishErrorKind::Other,
-                                "the NATS client's queue of outgoing messages is full",
-                            );
-                            let failed = shared.settle_locked(&mut chain, serial, draft, Err(full));
-                            Pending::Queued(
-                                failed.expect_err("a failure is answered by the mender"),
-                            )
+                            // Nothing was sent, and nobody claimed a place after this one.
+                            chain.window.pop_back();
+                            debug_assert_eq!(chain.first + chain.window.len() as u64, serial);
+                            let (reply, receiver) = oneshot::channel();
+                            chain.queued.push_back(Append { draft, reply });
+                            chain.mending = true;
+                            shared.runtime.spawn(Arc::clone(shared).mend());
+                            Pending::Queued(receiver)
                         }
                     };
                 }
@@ -501,17 +502,7 @@ impl Shared {
         draft: Draft,
         result: Result<PublishAck, PublishError>,
     ) -> Result<Offset, oneshot::Receiver<Result<Offset, LogError>>> {
-        self.settle_locked(&mut self.chain(), serial, draft, result)
-    }
-
-    /// [`settle`](Self::settle), with the chain's lock held.
-    fn settle_locked(
-        self: &Arc<Self>,
-        chain: &mut Chain,
-        serial: u64,
-        draft: Draft,
-        result: Result<PublishAck, PublishError>,
-    ) -> Result<Offset, oneshot::Receiver<Result<Offset, LogError>>> {
+        let mut chain = self.chain();
         let index = usize::try_from(serial - chain.first).expect("a place in the window");
         let Slot::InFlight { expected } = chain.window[index] else {
             unreachable!("a publish settles once");
@@ -537,7 +528,7 @@ impl Shared {
             }
         };
         if !chain.broken {
-            self.advance(chain);
+            self.advance(&mut chain);
         }
         if chain.mending {
             self.settled.notify_one();
@@ -585,7 +576,8 @@ impl Shared {
         }
     }
 
-    /// The mender: owns the chain from a break until it is whole and nothing is queued.
+    /// The mender: owns the chain from a break (or a client too busy to take a message at
+    /// once) until it is whole and nothing is queued.
     async fn mend(self: Arc<Self>) {
         loop {
             if self.chain().broken {

@@ -502,6 +502,52 @@ async fn behind_a_proxy(server: &NatsServers) -> (Proxy, JetStreamLog) {
     (proxy, log)
 }
 
+/// An appending task: it returns what it was told landed where.
+type Writer = tokio::task::JoinHandle<Vec<(u64, Vec<u8>)>>;
+
+/// `tasks` tasks appending `TASK-I` to `log`, `each` of them, `pause` apart; each returns
+/// what it was told landed where. Any failed append fails the test.
+fn appending_tasks(log: &Arc<JetStreamLog>, tasks: u32, each: u32, pause: Duration) -> Vec<Writer> {
+    (0..tasks)
+        .map(|task| {
+            let log = Arc::clone(log);
+            tokio::spawn(async move {
+                let mut written = Vec::new();
+                for i in 0..each {
+                    let payload = format!("{task}-{i}").into_bytes();
+                    let offset = log
+                        .append(0, payload.clone())
+                        .await
+                        .unwrap_or_else(|e| panic!("append {task}-{i}: {e}"));
+                    written.push((offset, payload));
+                    if !pause.is_zero() {
+                        tokio::time::sleep(pause).await;
+                    }
+                }
+                written
+            })
+        })
+        .collect()
+}
+
+/// Waits for `writers` (a minute each at most) and asserts that each of their `count`
+/// appends is in `log` once, where it was told, and nothing else is.
+async fn each_landed_once(log: &JetStreamLog, writers: Vec<Writer>, count: usize) {
+    let mut written = BTreeSet::new();
+    for writer in writers {
+        let landed = tokio::time::timeout(Duration::from_secs(60), writer)
+            .await
+            .expect("the appends finish: none was lost");
+        written.extend(landed.expect("writer"));
+    }
+    let records: BTreeSet<(u64, Vec<u8>)> = everything(log).await.into_iter().collect();
+    assert_eq!(written.len(), count, "every append answered once");
+    assert_eq!(
+        records, written,
+        "each append in the log once, at the offset it was told"
+    );
+}
+
 /// Acknowledgements held back past their timeout (their messages landed): the fenced
 /// writer publishes the appends again, is answered with where they landed before, mends its
 /// chain, and every append is in the log once, where it was told.
@@ -510,39 +556,14 @@ async fn appends_whose_acknowledgements_were_lost_land_once() {
     let server = NatsServers::single().expect("nats-server starts");
     let (proxy, log) = behind_a_proxy(&server).await;
     let log = Arc::new(log);
-    let mut writers = Vec::new();
-    for task in 0..16u32 {
-        let log = Arc::clone(&log);
-        writers.push(tokio::spawn(async move {
-            let mut written = Vec::new();
-            for i in 0..80u32 {
-                let payload = format!("{task}-{i}").into_bytes();
-                let offset = log
-                    .append(0, payload.clone())
-                    .await
-                    .unwrap_or_else(|e| panic!("append {task}-{i}: {e}"));
-                written.push((offset, payload));
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-            written
-        }));
-    }
+    let writers = appending_tasks(&log, 16, 80, Duration::from_millis(10));
     for _ in 0..2 {
         tokio::time::sleep(Duration::from_millis(200)).await;
         proxy.hold(true);
         tokio::time::sleep(Duration::from_millis(800)).await;
         proxy.hold(false);
     }
-    let mut written = BTreeSet::new();
-    for writer in writers {
-        written.extend(writer.await.expect("writer"));
-    }
-    let records: BTreeSet<(u64, Vec<u8>)> = everything(&*log).await.into_iter().collect();
-    assert_eq!(written.len(), 16 * 80, "every append answered once");
-    assert_eq!(
-        records, written,
-        "each append in the log once, at the offset it was told"
-    );
+    each_landed_once(&log, writers, 16 * 80).await;
 }
 
 /// Appending tasks cancelled at any point (waiting to publish, publishing, or waiting for
@@ -601,6 +622,72 @@ async fn appends_cancelled_in_flight_leave_the_partition_writable() {
         answered.is_subset(&records) && after.is_subset(&records),
         "every answered append is in the log where it was told"
     );
+}
+
+/// A client that cannot take a message at once (here: its queue of outgoing messages holds
+/// one, and 16 tasks append): the appender gives its place back, and a
+/// mender publishes its append and what queues behind it, waiting for the client. Every
+/// append lands once, where it was told.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn appends_wait_for_a_busy_client_and_land_once() {
+    let server = NatsServers::single().expect("nats-server starts");
+    let client = async_nats::ConnectOptions::new()
+        .client_capacity(1)
+        .connect(server.url())
+        .await
+        .expect("connects");
+    let context = async_nats::jetstream::new(client);
+    let holder = Arc::new(Holder::default());
+    *holder.0.lock().expect("holder") = "a";
+    let host = Host { name: "a", holder };
+    let log = Arc::new(
+        JetStreamLog::open(context, streams(), Some(Arc::new(host)))
+            .await
+            .expect("opens"),
+    );
+    let writers = appending_tasks(&log, 16, 50, Duration::ZERO);
+    each_landed_once(&log, writers, 16 * 50).await;
+}
+
+/// A record larger than the server takes is refused at once, naming its size and the
+/// largest, instead of being retried for `RETRY_FOR` while the appends behind it wait; the
+/// partition goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_too_large_for_the_server_is_refused_at_once() {
+    let server = NatsServers::single().expect("nats-server starts");
+    let holder = Arc::new(Holder::default());
+    let log = open(&server.url(), "a", &holder).await;
+    let client = connect_nats(&server.url()).await.expect("connects");
+    client
+        .flush()
+        .await
+        .expect("a round trip: the server's INFO is in");
+    let largest = client.server_info().max_payload;
+    assert!(largest > 0);
+    let huge = vec![7u8; largest + 1];
+    let started = std::time::Instant::now();
+    let refused = log.append(0, huge.clone()).await;
+    let Err(LogError::TooLarge { size, max }) = refused else {
+        panic!("refused as too large: {refused:?}");
+    };
+    assert!(size == huge.len() && max < size, "{size} > {max}");
+    assert!(
+        matches!(
+            log.append_many(vec![(0, b"small".to_vec()), (0, huge)])
+                .await,
+            Err(LogError::TooLarge { .. })
+        ),
+        "an append_many with one is refused too"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "at once, not retried"
+    );
+    let offset = log
+        .append(0, b"after".to_vec())
+        .await
+        .expect("the partition goes on");
+    assert_eq!(everything(&log).await, [(offset, b"after".to_vec())]);
 }
 
 /// One `append_many` of more records for a partition than its window holds: each record's
