@@ -139,6 +139,11 @@ enum Published<'a> {
     ),
 }
 
+/// A new append's `Nats-Msg-Id`: random, and the same in every attempt at that append.
+fn message_id() -> String {
+    format!("{:032x}", rand::random::<u128>())
+}
+
 fn io(context: impl Into<String>, error: impl fmt::Display) -> LogError {
     LogError::Io {
         context: context.into(),
@@ -443,7 +448,7 @@ impl Log for JetStreamLog {
         if let Some(writer) = &partition.writer {
             return writer.publish(payload).await.settled().await;
         }
-        let id = format!("{:032x}", rand::random::<u128>());
+        let id = message_id();
         let ack = self.send(partition, &id, &payload).await;
         self.settle_unfenced(partition, &id, &payload, ack, Instant::now())
             .await
@@ -462,7 +467,7 @@ impl Log for JetStreamLog {
             published.push(match &partition.writer {
                 Some(writer) => Published::Fenced(writer.publish(payload).await.detach()),
                 None => {
-                    let id = format!("{:032x}", rand::random::<u128>());
+                    let id = message_id();
                     let ack = self.send(partition, &id, &payload).await;
                     Published::Unfenced(partition, id, payload, ack)
                 }

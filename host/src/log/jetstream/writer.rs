@@ -55,7 +55,7 @@ use bytes::Bytes;
 use futures_util::FutureExt as _;
 use tokio::sync::{Notify, oneshot};
 
-use super::{Authority, CONSUMER_WITHIN, RETRY_FOR, StreamSpec, backoff, io, retrying};
+use super::{Authority, CONSUMER_WITHIN, RETRY_FOR, StreamSpec, backoff, io, message_id, retrying};
 use crate::log::{LogError, Offset};
 
 /// How many publishes one partition has in flight at most; also how many messages a fence
@@ -258,7 +258,7 @@ pub async fn start(
     let fence_subject = spec.fence_subject();
     let mut acks = Vec::with_capacity(IN_FLIGHT);
     for _ in 0..IN_FLIGHT {
-        let id = format!("fence-{:032x}", rand::random::<u128>());
+        let id = format!("fence-{}", message_id());
         let ack = context
             .send_publish(fence_subject.clone(), fence_message(&id))
             .await;
@@ -387,7 +387,7 @@ struct Draft {
 impl Draft {
     fn new(payload: Bytes) -> Self {
         Self {
-            id: format!("{:032x}", rand::random::<u128>()),
+            id: message_id(),
             payload,
             since: Instant::now(),
         }
