@@ -13,7 +13,7 @@ use async_trait::async_trait;
 
 pub use file::{FileLog, FileLogOptions, OpenReport, Recovery, Truncation};
 pub use jetstream::{
-    Authority, CONSUMER_WITHIN, IN_FLIGHT, JetStreamLog, RETRY_FOR, StreamSpec,
+    Authority, CONSUMER_WITHIN, IN_FLIGHT, JetStreamLog, PER_MESSAGE, RETRY_FOR, StreamSpec,
     connect as connect_nats,
 };
 pub use memory::MemoryLog;

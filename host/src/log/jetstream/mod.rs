@@ -27,6 +27,12 @@
 //!
 //! Offsets therefore have gaps where fences are; readers never see them.
 //!
+//! Group commit ([`StreamSpec::group_commit`]): a fenced partition's appends that come
+//! while one is in flight share the next message (see [`writer`]). A record's offset is
+//! then `(sequence − 1) × 256 + its place in the message`; a message of several records
+//! says how many in a `Rewind-Records` header. A stream is made one way or the other for
+//! life, and says which in its description: a log opened the other way is refused.
+//!
 //! JetStream 2.9 acknowledges before fsync: a record is durable through replication (streams
 //! of 3 replicas in production), not through one disk.
 
@@ -53,8 +59,24 @@ pub use writer::IN_FLIGHT;
 const DUPLICATE_WINDOW: Duration = Duration::from_secs(120);
 
 /// Room for an append's headers within the server's largest message: `Nats-Msg-Id` (32
-/// hex digits) and `Nats-Expected-Last-Sequence` (up to 20 digits) take about 110 bytes.
-const HEADERS: usize = 128;
+/// hex digits), `Nats-Expected-Last-Sequence` (up to 20 digits) and [`RECORDS`] (3) take
+/// about 130 bytes.
+const HEADERS: usize = 160;
+
+/// The header of a message that holds several records (group commit): how many. Its
+/// payload is each record's length (4 bytes, little-endian) followed by the record.
+const RECORDS: &str = "Rewind-Records";
+
+/// With group commit, an offset is `(sequence − 1) << PLACE_BITS | place in the message`.
+const PLACE_BITS: u32 = 8;
+
+/// The most records one message holds.
+pub const PER_MESSAGE: usize = 1 << PLACE_BITS;
+
+/// What a stream created for a log says of itself: how its offsets are made, so that a log
+/// opened the other way is refused instead of misreading them.
+const WITH_GROUP_COMMIT: &str = "rewind log: offset = (sequence - 1) * 256 + place in message";
+const WITHOUT_GROUP_COMMIT: &str = "rewind log: offset = sequence - 1";
 
 /// How long an operation is retried (the server restarting, a cluster electing a leader)
 /// before it fails.
@@ -86,6 +108,11 @@ pub struct StreamSpec {
     /// How long the server remembers a `Nats-Msg-Id`; it must outlast an append's retries
     /// ([`RETRY_FOR`]). JetStream's default, 2 minutes, unless a test shortens it.
     pub duplicate_window: Duration,
+    /// Whether a fenced writer may put several records in one message when appends wait
+    /// for the ones in flight (group commit). A record's offset is then
+    /// `(sequence − 1) × 256 + its place in the message`, not `sequence − 1`; so this is a
+    /// stream's for life: the stream records it, and a log opened the other way is refused.
+    pub group_commit: bool,
 }
 
 impl StreamSpec {
@@ -96,12 +123,121 @@ impl StreamSpec {
             subject: subject.into(),
             replicas,
             duplicate_window: DUPLICATE_WINDOW,
+            group_commit: false,
+        }
+    }
+
+    /// The same stream, with group commit or without.
+    pub fn group_commit(self, group_commit: bool) -> Self {
+        Self {
+            group_commit,
+            ..self
         }
     }
 
     fn fence_subject(&self) -> String {
         format!("{}.fence", self.subject)
     }
+
+    fn description(&self) -> &'static str {
+        if self.group_commit {
+            WITH_GROUP_COMMIT
+        } else {
+            WITHOUT_GROUP_COMMIT
+        }
+    }
+
+    /// The offset of the record at `place` in the message at `sequence`.
+    fn offset(&self, sequence: u64, place: usize) -> Offset {
+        if self.group_commit {
+            ((sequence - 1) << PLACE_BITS) | place as u64
+        } else {
+            sequence - 1
+        }
+    }
+
+    /// The sequence of the message that holds (or would hold) `offset`.
+    fn sequence(&self, offset: Offset) -> u64 {
+        if self.group_commit {
+            (offset >> PLACE_BITS) + 1
+        } else {
+            offset + 1
+        }
+    }
+
+    /// The records of the message at `sequence`: one, or with group commit as many as its
+    /// [`RECORDS`] header says.
+    fn records(
+        &self,
+        sequence: u64,
+        headers: Option<&async_nats::HeaderMap>,
+        payload: Bytes,
+    ) -> Result<Vec<Record>, LogError> {
+        let Some(count) = headers.and_then(|headers| headers.get(RECORDS)) else {
+            return Ok(vec![Record {
+                offset: self.offset(sequence, 0),
+                payload: payload.to_vec(),
+            }]);
+        };
+        let corrupt = |message: String| LogError::Corrupt {
+            path: format!("stream {}, message {sequence}", self.name),
+            message,
+        };
+        if !self.group_commit {
+            return Err(corrupt(format!(
+                "it holds several records (group commit), but the log was opened without group \
+                 commit ({RECORDS}: {count})"
+            )));
+        }
+        let count: usize = count
+            .as_str()
+            .parse()
+            .ok()
+            .filter(|count| (1..=PER_MESSAGE).contains(count))
+            .ok_or_else(|| {
+                corrupt(format!(
+                    "{RECORDS}: {count} is not a count of 1 to {PER_MESSAGE}"
+                ))
+            })?;
+        let mut records = Vec::with_capacity(count);
+        let mut rest = &payload[..];
+        for place in 0..count {
+            let length = rest
+                .split_first_chunk::<4>()
+                .map(|(length, tail)| {
+                    rest = tail;
+                    u32::from_le_bytes(*length) as usize
+                })
+                .filter(|length| *length <= rest.len())
+                .ok_or_else(|| {
+                    corrupt(format!(
+                        "record {place} of {count} runs past the message's {} bytes",
+                        payload.len()
+                    ))
+                })?;
+            let (record, tail) = rest.split_at(length);
+            records.push(Record {
+                offset: self.offset(sequence, place),
+                payload: record.to_vec(),
+            });
+            rest = tail;
+        }
+        if !rest.is_empty() {
+            return Err(corrupt(format!(
+                "{} bytes follow its {count} records",
+                rest.len()
+            )));
+        }
+        Ok(records)
+    }
+}
+
+/// Adds `record` to the payload of a message of several, as [`StreamSpec::records`] reads
+/// it.
+fn frame(framed: &mut Vec<u8>, record: &[u8]) {
+    let length = u32::try_from(record.len()).expect("a record fits a message");
+    framed.extend_from_slice(&length.to_le_bytes());
+    framed.extend_from_slice(record);
 }
 
 /// A log over JetStream streams.
@@ -179,6 +315,16 @@ pub(crate) async fn retrying<T, E: fmt::Display, F: Future<Output = Result<T, E>
     }
 }
 
+/// The largest record an append takes: the server's largest message, less room for the
+/// headers. Known once the server has answered a request: the client has heard its INFO
+/// by then. (0 would be a server that never said.)
+fn max_record(context: &jetstream::Context) -> usize {
+    match context.client().server_info().max_payload {
+        0 => usize::MAX,
+        max => max.saturating_sub(HEADERS),
+    }
+}
+
 /// Connects to NATS at `urls` (one URL, or several separated by commas: the nodes of a
 /// cluster; the client also learns the others from the one it reaches).
 pub async fn connect(urls: &str) -> Result<async_nats::Client, LogError> {
@@ -229,16 +375,32 @@ impl JetStreamLog {
                 subjects: vec![spec.subject.clone(), spec.fence_subject()],
                 num_replicas: spec.replicas,
                 duplicate_window: spec.duplicate_window,
+                description: Some(spec.description().to_owned()),
                 ..stream::Config::default()
             };
-            retrying(&format!("creating stream {}", spec.name), || {
+            let stream = retrying(&format!("creating stream {}", spec.name), || {
                 context.get_or_create_stream(config.clone())
             })
             .await?;
+            // A stream made before streams said how (or by hand) counts as without.
+            let made = stream.cached_info().config.description.as_deref();
+            if made.unwrap_or(WITHOUT_GROUP_COMMIT) != spec.description() {
+                return Err(LogError::Corrupt {
+                    path: format!("stream {}", spec.name),
+                    message: format!(
+                        "it was made {} group commit, and is opened {}: its offsets would be \
+                         misread (it says \"{}\")",
+                        if spec.group_commit { "without" } else { "with" },
+                        if spec.group_commit { "with" } else { "without" },
+                        made.unwrap_or_default(),
+                    ),
+                });
+            }
             let writer = match &authority {
-                Some(authority) => {
-                    Some(writer::start(&context, &spec, Arc::clone(authority)).await?)
-                }
+                Some(authority) => Some(
+                    writer::start(&context, &spec, Arc::clone(authority), max_record(&context))
+                        .await?,
+                ),
                 None => None,
             };
             partitions.push(Partition {
@@ -249,17 +411,11 @@ impl JetStreamLog {
         }
         let mut quick = context.clone();
         quick.set_timeout(CONSUMER_WITHIN);
-        // Known by now: the client has heard the server's INFO before the requests above
-        // were answered. (0 would be a server that never said.)
-        let max_payload = match context.client().server_info().max_payload {
-            0 => usize::MAX,
-            max => max,
-        };
         Ok(Self {
+            max_record: max_record(&context),
             context,
             quick,
             partitions,
-            max_record: max_payload.saturating_sub(HEADERS),
         })
     }
 
@@ -274,7 +430,7 @@ impl JetStreamLog {
         let config = pull::OrderedConfig {
             filter_subject: spec.subject.clone(),
             deliver_policy: DeliverPolicy::ByStartSequence {
-                start_sequence: from + 1,
+                start_sequence: spec.sequence(from),
             },
             max_batch: i64::try_from(max.min(1_000)).unwrap_or(1_000),
             ..pull::OrderedConfig::default()
@@ -299,14 +455,18 @@ impl JetStreamLog {
                 Err(elapsed) => return Err(elapsed.into()),
             };
             let info = message.info()?;
-            records.push(Record {
-                offset: info.stream_sequence - 1,
-                payload: message.payload.to_vec(),
-            });
-            if records.len() >= max || info.pending == 0 {
+            let pending = info.pending;
+            let read = spec.records(
+                info.stream_sequence,
+                message.headers.as_ref(),
+                message.payload.clone(),
+            )?;
+            records.extend(read.into_iter().filter(|record| record.offset >= from));
+            if records.len() >= max || pending == 0 {
                 break;
             }
         }
+        records.truncate(max);
         Ok(records)
     }
 
@@ -322,10 +482,10 @@ impl JetStreamLog {
         let mut records = Vec::new();
         let started = Instant::now();
         let mut attempt = 0;
-        let mut offset = from;
-        while offset < end && records.len() < max {
+        let (mut sequence, last) = (spec.sequence(from), spec.sequence(end));
+        while sequence < last && records.len() < max {
             let got = match self.quick.get_stream_no_info(&spec.name).await {
-                Ok(stream) => stream.get_raw_message(offset + 1).await.map_err(|e| {
+                Ok(stream) => stream.get_raw_message(sequence).await.map_err(|e| {
                     let gap = e.kind() == stream::RawMessageErrorKind::NoMessageFound;
                     (gap, e.to_string())
                 }),
@@ -334,17 +494,19 @@ impl JetStreamLog {
             match got {
                 Ok(message) => {
                     if message.subject.as_str() == spec.subject {
-                        records.push(Record {
-                            offset,
-                            payload: message.payload.to_vec(),
-                        });
+                        let read =
+                            spec.records(sequence, Some(&message.headers), message.payload)?;
+                        records.extend(read.into_iter().filter(|record| record.offset >= from));
                     }
-                    offset += 1;
+                    sequence += 1;
                 }
                 // A fence purged with the records below it, or never there.
-                Err((true, _)) => offset += 1,
+                Err((true, _)) => sequence += 1,
                 Err((false, error)) if started.elapsed() >= RETRY_FOR => {
-                    return Err(io(format!("{}: reading offset {offset}", spec.name), error));
+                    return Err(io(
+                        format!("{}: reading message {sequence}", spec.name),
+                        error,
+                    ));
                 }
                 Err((false, error)) => {
                     attempt += 1;
@@ -353,6 +515,7 @@ impl JetStreamLog {
                 }
             }
         }
+        records.truncate(max);
         Ok(records)
     }
 
@@ -372,7 +535,7 @@ impl JetStreamLog {
             let error = match ack {
                 // A retry of a publish that landed gets the original sequence.
                 Ok(future) => match future.await {
-                    Ok(ack) => return Ok(ack.sequence - 1),
+                    Ok(ack) => return Ok(partition.spec.offset(ack.sequence, 0)),
                     Err(error) => error,
                 },
                 Err(error) => error,
@@ -523,6 +686,10 @@ impl Log for JetStreamLog {
         if !one_by_one(None) {
             match self.replay(spec, from, max).await {
                 Ok(records) => return Ok(records),
+                // A message this log cannot read: no other way reads it either.
+                Err(error) if error.is::<LogError>() => {
+                    return Err(*error.downcast::<LogError>().expect("is a LogError"));
+                }
                 Err(error) => {
                     tracing::debug!(stream = %spec.name, "replay: {error}; reading record by record for a while");
                     one_by_one(Some(Instant::now() + RETRY_FOR));
@@ -538,27 +705,28 @@ impl Log for JetStreamLog {
             stream.get_info().await.map_err(async_nats::Error::from)
         })
         .await?;
-        let end = info.state.last_sequence;
+        // Where the next message lands, and the first one still held.
+        let end = spec.offset(info.state.last_sequence + 1, 0);
         let start = if info.state.messages == 0 {
             end
         } else {
-            info.state.first_sequence - 1
+            spec.offset(info.state.first_sequence, 0)
         };
         Ok((start, end))
     }
 
     async fn delete_below(&self, partition: u32, offset: Offset) -> Result<(), LogError> {
         let spec = &self.partition(partition)?.spec;
-        // Nothing below the start: and a purge up to the first sequence would purge all
-        // (nats-server 2.9 does).
-        if offset <= self.bounds(partition).await?.0 {
+        // Nothing below the start's message: and a purge up to the first sequence would
+        // purge all (nats-server 2.9 does).
+        if spec.sequence(offset) <= spec.sequence(self.bounds(partition).await?.0) {
             return Ok(());
         }
         retrying(&format!("{}: purging", spec.name), || async {
             let stream = self.quick.get_stream_no_info(&spec.name).await?;
             stream
                 .purge()
-                .sequence(offset + 1)
+                .sequence(spec.sequence(offset))
                 .await
                 .map_err(async_nats::Error::from)
         })

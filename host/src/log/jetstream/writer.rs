@@ -34,6 +34,17 @@
 //! the mender. An appender cancelled with its publish in flight hands the acknowledgement to
 //! a task of its own, so that the window never waits for an answer nobody will record.
 //!
+//! Group commit (a stream made with it, [`StreamSpec::group_commit`]). An append that finds
+//! fewer than [`EAGER`] publishes in flight is published on its own, as above; one that
+//! finds more joins the chain's *gathering*, the records of the next message, and waits
+//! for its answer. The gathering goes out as one message (its records framed, and counted
+//! in a header) as soon as the window is down to [`EAGER`] again: when a publish settles,
+//! in the settling task, under the chain's lock. A gathering that is full (256 records, or
+//! the server's largest message) goes out at once if the window has room. A message of
+//! several records is one publish like any other: it takes one place in the window, is
+//! retried whole with its id, and is refused whole; so the fencing argument above holds as
+//! it is. Its records' offsets are its sequence's, one per place.
+//!
 //! A broken chain (the publish at its front failed, or landed elsewhere than predicted)
 //! gets one mender, a task that owns the chain until it is whole again: appends that come
 //! meanwhile queue for it. It waits until everything in flight has settled, reads where the
@@ -55,12 +66,19 @@ use bytes::Bytes;
 use futures_util::FutureExt as _;
 use tokio::sync::{Notify, oneshot};
 
-use super::{Authority, CONSUMER_WITHIN, RETRY_FOR, StreamSpec, backoff, io, message_id, retrying};
+use super::{
+    Authority, CONSUMER_WITHIN, PER_MESSAGE, RECORDS, RETRY_FOR, StreamSpec, backoff, frame, io,
+    message_id, retrying,
+};
 use crate::log::{LogError, Offset};
 
 /// How many publishes one partition has in flight at most; also how many messages a fence
 /// is (see the module's documentation). Every host must use the same number.
 pub const IN_FLIGHT: usize = 32;
+
+/// With group commit, how many publishes a partition has in flight before appends gather
+/// into one message, published as soon as one of those settles (or when it is full).
+const EAGER: usize = 1;
 
 type AckFuture = Pin<Box<dyn Future<Output = Result<PublishAck, PublishError>> + Send>>;
 type Reply = oneshot::Sender<Result<Offset, LogError>>;
@@ -125,7 +143,6 @@ impl Handle {
     /// Publishes `payload`, or queues it while the chain is being mended. Appends published
     /// one after another by one task land in that order.
     pub async fn publish(&self, payload: Bytes) -> Pending {
-        let draft = Draft::new(payload);
         let shared = &self.shared;
         loop {
             {
@@ -135,10 +152,14 @@ impl Handle {
                 }
                 if chain.mending {
                     let (reply, receiver) = oneshot::channel();
+                    let draft = Draft::new(payload);
                     chain.queued.push_back(Append { draft, reply });
                     return Pending::Queued(receiver);
                 }
-                if chain.window.len() < IN_FLIGHT {
+                if chain.window.len() < shared.eager {
+                    // Nothing gathers while the window is this empty (see `advance`).
+                    debug_assert!(chain.gathering.is_none());
+                    let draft = Draft::new(payload);
                     let (serial, expected) = chain.claim();
                     // Handed to the client under the chain's lock, so that messages leave in
                     // the order of the places they expect. The client takes it at once
@@ -147,12 +168,8 @@ impl Handle {
                     // long as the client needs, while later appends queue behind it.
                     // (Unconstrained: a task out of its scheduling budget would find even
                     // a queue with room full.)
-                    let sent = tokio::task::unconstrained(shared.send(
-                        &draft.id,
-                        &draft.payload,
-                        expected,
-                    ))
-                    .now_or_never();
+                    let sent =
+                        tokio::task::unconstrained(shared.send(&draft, expected)).now_or_never();
                     return match sent {
                         Some(ack) => Pending::InFlight(InFlight {
                             shared: Arc::clone(shared),
@@ -161,16 +178,32 @@ impl Handle {
                             ack: Some(ack),
                         }),
                         None => {
-                            // Nothing was sent, and nobody claimed a place after this one.
-                            chain.window.pop_back();
-                            debug_assert_eq!(chain.first + chain.window.len() as u64, serial);
                             let (reply, receiver) = oneshot::channel();
-                            chain.queued.push_back(Append { draft, reply });
-                            chain.mending = true;
-                            shared.runtime.spawn(Arc::clone(shared).mend());
+                            shared.hand_to_mender(&mut chain, serial, Append { draft, reply });
                             Pending::Queued(receiver)
                         }
                     };
+                }
+                if shared.spec.group_commit {
+                    let full = chain
+                        .gathering
+                        .as_ref()
+                        .is_some_and(|gathering| !gathering.takes(&payload, shared.max_message));
+                    if !full || chain.window.len() < IN_FLIGHT {
+                        if full {
+                            shared.flush(&mut chain);
+                        }
+                        if !chain.mending {
+                            let (reply, receiver) = oneshot::channel();
+                            chain
+                                .gathering
+                                .get_or_insert_with(Gathering::new)
+                                .push(&payload, reply);
+                            return Pending::Queued(receiver);
+                        }
+                        // The client was too busy for the full message: a mender has it.
+                        continue;
+                    }
                 }
             }
             shared.room().await;
@@ -254,6 +287,7 @@ pub async fn start(
     context: &jetstream::Context,
     spec: &StreamSpec,
     authority: Arc<dyn Authority>,
+    max_message: usize,
 ) -> Result<Handle, LogError> {
     let fence_subject = spec.fence_subject();
     let mut acks = Vec::with_capacity(IN_FLIGHT);
@@ -302,6 +336,8 @@ pub async fn start(
             context: context.clone(),
             spec: spec.clone(),
             authority,
+            eager: if spec.group_commit { EAGER } else { IN_FLIGHT },
+            max_message,
             chain: Mutex::new(Chain {
                 last,
                 first: 0,
@@ -309,6 +345,7 @@ pub async fn start(
                 broken: false,
                 mending: false,
                 queued: VecDeque::new(),
+                gathering: None,
                 breaks: 0,
             }),
             room: Notify::new(),
@@ -329,6 +366,11 @@ struct Shared {
     context: jetstream::Context,
     spec: StreamSpec,
     authority: Arc<dyn Authority>,
+    /// How many publishes may be in flight before appends gather (group commit), or wait
+    /// for room: [`EAGER`] or [`IN_FLIGHT`].
+    eager: usize,
+    /// The most bytes of records one message carries.
+    max_message: usize,
     chain: Mutex<Chain>,
     /// Appenders waiting for room in a full window.
     room: Notify,
@@ -355,6 +397,10 @@ struct Chain {
     mending: bool,
     /// Appends for the mender to publish, in order: its retries first.
     queued: VecDeque<Append>,
+    /// With group commit: appends that came while [`Shared::eager`] publishes were in
+    /// flight, to go out as one message when one settles. Only while the chain is whole
+    /// and that full.
+    gathering: Option<Gathering>,
     /// Breaks since an append last landed in order, for the mender's backoff.
     breaks: u32,
 }
@@ -377,10 +423,11 @@ enum Slot {
 }
 
 /// An append's message: its id (the same in every attempt), payload, and since when it has
-/// been tried.
+/// been tried. A message of several records says how many.
 struct Draft {
     id: String,
     payload: Bytes,
+    records: Option<usize>,
     since: Instant,
 }
 
@@ -389,8 +436,72 @@ impl Draft {
         Self {
             id: message_id(),
             payload,
+            records: None,
             since: Instant::now(),
         }
+    }
+}
+
+/// Records gathering into one message, and who waits for each.
+struct Gathering {
+    framed: Vec<u8>,
+    replies: Vec<Reply>,
+    since: Instant,
+}
+
+impl Gathering {
+    fn new() -> Self {
+        Self {
+            framed: Vec::new(),
+            replies: Vec::new(),
+            since: Instant::now(),
+        }
+    }
+
+    /// Whether `record` fits in the message too.
+    fn takes(&self, record: &[u8], max_message: usize) -> bool {
+        self.replies.len() < PER_MESSAGE && self.framed.len() + 4 + record.len() <= max_message
+    }
+
+    fn push(&mut self, record: &[u8], reply: Reply) {
+        frame(&mut self.framed, record);
+        self.replies.push(reply);
+    }
+
+    /// The message, and whom to answer with the offset it lands at.
+    fn into_message(self) -> (Draft, Vec<Reply>) {
+        let draft = Draft {
+            id: message_id(),
+            records: Some(self.replies.len()),
+            payload: Bytes::from(self.framed),
+            since: self.since,
+        };
+        (draft, self.replies)
+    }
+
+    /// The message as an append for the mender: a task of its own answers each record once
+    /// the append's reply comes.
+    fn into_append(self, runtime: &tokio::runtime::Handle) -> Append {
+        let (draft, replies) = self.into_message();
+        let (reply, receiver) = oneshot::channel();
+        runtime.spawn(async move {
+            answer_each(replies, receiver.await.unwrap_or(Err(LogError::Closed)));
+        });
+        Append { draft, reply }
+    }
+}
+
+/// Answers the records of one message, which landed at `first` (or did not).
+fn answer_each(replies: Vec<Reply>, first: Result<Offset, LogError>) {
+    for (place, reply) in replies.into_iter().enumerate() {
+        let answer = match &first {
+            // The places of one message are consecutive offsets (see `StreamSpec::offset`).
+            Ok(first) => Ok(first + place as u64),
+            Err(LogError::Fenced { stream }) => Err(fenced(stream)),
+            Err(LogError::Closed) => Err(LogError::Closed),
+            Err(error) => Err(io("appending a record sent with others", error)),
+        };
+        let _ = reply.send(answer);
     }
 }
 
@@ -462,12 +573,7 @@ impl Shared {
             serial,
             draft: Some(draft),
         };
-        let ack = self.send(
-            &claimed.draft_ref().id,
-            &claimed.draft_ref().payload,
-            expected,
-        );
-        let ack = ack.await;
+        let ack = self.send(claimed.draft_ref(), expected).await;
         InFlight {
             shared: Arc::clone(self),
             serial,
@@ -476,13 +582,16 @@ impl Shared {
         }
     }
 
-    /// Hands the message of `id` expecting `expected` to the client, and returns its
+    /// Hands `draft`'s message expecting `expected` to the client, and returns its
     /// acknowledgement to await.
-    async fn send(&self, id: &str, payload: &Bytes, expected: u64) -> AckFuture {
-        let message = PublishMessage::build()
-            .payload(payload.clone())
-            .message_id(id)
+    async fn send(&self, draft: &Draft, expected: u64) -> AckFuture {
+        let mut message = PublishMessage::build()
+            .payload(draft.payload.clone())
+            .message_id(&draft.id)
             .expected_last_sequence(expected);
+        if let Some(records) = draft.records {
+            message = message.header(RECORDS, records.to_string());
+        }
         match self
             .context
             .send_publish(self.spec.subject.clone(), message)
@@ -514,7 +623,7 @@ impl Shared {
                     sequence: ack.sequence,
                     duplicate: ack.duplicate,
                 };
-                Ok(ack.sequence - 1)
+                Ok(self.spec.offset(ack.sequence, 0))
             }
             Err(error) => {
                 tracing::debug!(stream = %self.spec.name, expected, "append failed: {error}");
@@ -536,8 +645,52 @@ impl Shared {
         answer
     }
 
+    /// Publishes what gathered as one message, at the next place in the window (which has
+    /// room); a task of its own answers each record.
+    fn flush(self: &Arc<Self>, chain: &mut Chain) {
+        let Some(gathering) = chain.gathering.take() else {
+            return;
+        };
+        let (serial, expected) = chain.claim();
+        let (draft, replies) = gathering.into_message();
+        // As an appender's own publish: at once, under the lock, or by a mender.
+        match tokio::task::unconstrained(self.send(&draft, expected)).now_or_never() {
+            Some(ack) => {
+                let in_flight = InFlight {
+                    shared: Arc::clone(self),
+                    serial,
+                    draft: Some(draft),
+                    ack: Some(ack),
+                };
+                self.runtime.spawn(async move {
+                    answer_each(replies, in_flight.settled().await);
+                });
+            }
+            None => {
+                let (reply, receiver) = oneshot::channel();
+                self.runtime.spawn(async move {
+                    answer_each(replies, receiver.await.unwrap_or(Err(LogError::Closed)));
+                });
+                self.hand_to_mender(chain, serial, Append { draft, reply });
+            }
+        }
+    }
+
+    /// The client could not take the message of the place `serial`, just claimed: gives the
+    /// place back, and hands `append` (and the chain) to a mender, which waits for the
+    /// client. Nothing was sent, and nobody claimed a place after this one.
+    fn hand_to_mender(self: &Arc<Self>, chain: &mut Chain, serial: u64, append: Append) {
+        chain.window.pop_back();
+        debug_assert_eq!(chain.first + chain.window.len() as u64, serial);
+        debug_assert!(chain.gathering.is_none());
+        chain.queued.push_back(append);
+        chain.mending = true;
+        self.runtime.spawn(Arc::clone(self).mend());
+    }
+
     /// Moves `last` past the window's front while it landed where expected; at a front that
-    /// did not, breaks the chain and gives it to a mender.
+    /// did not, breaks the chain and gives it to a mender. What gathered goes out once the
+    /// window is down to [`Shared::eager`].
     fn advance(self: &Arc<Self>, chain: &mut Chain) {
         let was_full = chain.window.len() >= IN_FLIGHT;
         while let Some(front) = chain.window.front() {
@@ -565,11 +718,18 @@ impl Shared {
                         chain.mending = true;
                         self.runtime.spawn(Arc::clone(self).mend());
                     }
+                    // What gathered goes after the retries, before what queues from now.
+                    if let Some(gathering) = chain.gathering.take() {
+                        chain.queued.push_back(gathering.into_append(&self.runtime));
+                    }
                     // Appenders waiting for room queue for the mender instead.
                     self.room.notify_waiters();
                     return;
                 }
             }
+        }
+        if chain.window.len() < self.eager && !chain.mending {
+            self.flush(chain);
         }
         if was_full && chain.window.len() < IN_FLIGHT {
             self.room.notify_waiters();

@@ -1,5 +1,6 @@
 //! Fenced JetStream logs: once another host has taken a partition over, the host that held
-//! it before cannot write to it, whatever it was doing at the time.
+//! it before cannot write to it, whatever it was doing at the time. Every test runs twice
+//! (`nats/mod.rs`): on a stream of one record per message, and with group commit.
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
@@ -11,6 +12,26 @@ use rewind_host::log::{
     Authority, IN_FLIGHT, JetStreamLog, Log, LogError, RETRY_FOR, StreamSpec, connect_nats,
 };
 use rewind_host::testing::nats::NatsServers;
+
+use super::everything;
+
+/// Whether this copy of the tests runs on streams with group commit (`nats/mod.rs`).
+const GROUP_COMMIT: bool = ends_with(module_path!(), "_with_group_commit");
+
+const fn ends_with(text: &str, suffix: &str) -> bool {
+    let (text, suffix) = (text.as_bytes(), suffix.as_bytes());
+    if text.len() < suffix.len() {
+        return false;
+    }
+    let mut i = 0;
+    while i < suffix.len() {
+        if text[text.len() - suffix.len() + i] != suffix[i] {
+            return false;
+        }
+        i += 1;
+    }
+    true
+}
 
 /// Who holds the partition, as a lease bucket would say.
 #[derive(Debug, Default)]
@@ -31,7 +52,25 @@ impl Authority for Host {
 }
 
 fn streams() -> Vec<StreamSpec> {
-    vec![StreamSpec::new("fenced-0", "fenced.0", 1)]
+    vec![StreamSpec::new("fenced-0", "fenced.0", 1).group_commit(GROUP_COMMIT)]
+}
+
+/// The offset of the (first) record of the message at `sequence`.
+fn offset_at(sequence: u64) -> u64 {
+    if GROUP_COMMIT {
+        (sequence - 1) << 8
+    } else {
+        sequence - 1
+    }
+}
+
+/// The sequence of the message that holds `offset`.
+fn sequence_of(offset: u64) -> u64 {
+    if GROUP_COMMIT {
+        (offset >> 8) + 1
+    } else {
+        offset + 1
+    }
 }
 
 async fn open(url: &str, name: &'static str, holder: &Arc<Holder>) -> JetStreamLog {
@@ -69,20 +108,7 @@ async fn last_fence(url: &str) -> u64 {
         .get_last_raw_message_by_subject("fenced.0.fence")
         .await
         .expect("a fence");
-    fence.sequence - 1
-}
-
-async fn everything(log: &dyn Log) -> Vec<(u64, Vec<u8>)> {
-    let (start, end) = log.bounds(0).await.expect("bounds");
-    let mut records = Vec::new();
-    let mut next = start;
-    while next < end {
-        let batch = log.read(0, next, 100).await.expect("read");
-        let Some(last) = batch.last() else { break };
-        next = last.offset + 1;
-        records.extend(batch.into_iter().map(|r| (r.offset, r.payload)));
-    }
-    records
+    offset_at(fence.sequence)
 }
 
 /// An append a writer was told landed: where, and when it was told.
@@ -229,11 +255,12 @@ async fn a_zombies_pipelined_writes_cannot_land_after_the_fence() {
     let holder = Arc::new(Holder::default());
     for round in 0..6 {
         let zombie = open(&server.url(), "a", &holder).await;
-        let last = zombie
-            .append(0, b"a".to_vec())
-            .await
-            .expect("the holder writes")
-            + 1;
+        let last = sequence_of(
+            zombie
+                .append(0, b"a".to_vec())
+                .await
+                .expect("the holder writes"),
+        );
         // Its window, as its writer would have sent it: each expecting the one before.
         let window = async {
             let mut acks = Vec::new();
@@ -247,7 +274,7 @@ async fn a_zombies_pipelined_writes_cannot_land_after_the_fence() {
             let mut landed = Vec::new();
             for ack in acks {
                 if let Ok(ack) = ack.await {
-                    landed.push(ack.sequence - 1);
+                    landed.push(offset_at(ack.sequence));
                 }
             }
             landed
@@ -576,26 +603,33 @@ async fn appends_cancelled_in_flight_leave_the_partition_writable() {
     let server = NatsServers::single().expect("nats-server starts");
     let holder = Arc::new(Holder::default());
     let log = Arc::new(open(&server.url(), "a", &holder).await);
-    let mut cancelled = Vec::new();
-    for i in 0..8 * IN_FLIGHT {
-        let log = Arc::clone(&log);
-        // From at once to about a round trip: every stage of an append gets cut.
-        let within = Duration::from_micros(10) * u32::try_from(i % 40).expect("small");
-        cancelled.push(tokio::spawn(async move {
-            let payload = format!("cancelled-{i}").into_bytes();
-            let answered = tokio::time::timeout(within, log.append(0, payload.clone())).await;
-            (payload, answered)
-        }));
-    }
     let mut answered = BTreeSet::new();
     let mut cut = 0;
-    for task in cancelled {
-        match task.await.expect("task") {
-            (payload, Ok(Ok(offset))) => {
-                answered.insert((offset, payload));
+    // Rounds until more were cut than a window holds: how many a round cuts depends on how
+    // fast the appends go (with group commit, most of a round share a message or two).
+    for round in 0..8 {
+        if cut > IN_FLIGHT {
+            break;
+        }
+        let mut cancelled = Vec::new();
+        for i in 0..8 * IN_FLIGHT {
+            let log = Arc::clone(&log);
+            // From at once to about a round trip: every stage of an append gets cut.
+            let within = Duration::from_micros(10) * u32::try_from(i % 40).expect("small");
+            cancelled.push(tokio::spawn(async move {
+                let payload = format!("cancelled-{round}-{i}").into_bytes();
+                let answered = tokio::time::timeout(within, log.append(0, payload.clone())).await;
+                (payload, answered)
+            }));
+        }
+        for task in cancelled {
+            match task.await.expect("task") {
+                (payload, Ok(Ok(offset))) => {
+                    answered.insert((offset, payload));
+                }
+                (_, Ok(Err(error))) => panic!("an append failed: {error}"),
+                (_, Err(_elapsed)) => cut += 1,
             }
-            (_, Ok(Err(error))) => panic!("an append failed: {error}"),
-            (_, Err(_elapsed)) => cut += 1,
         }
     }
     assert!(

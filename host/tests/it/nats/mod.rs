@@ -22,15 +22,41 @@ fn jetstream_log(partitions: u32) -> Arc<dyn Log> {
 
 rewind_host::log_conformance_tests!(jetstream_log);
 
+/// Every record of partition 0, with its offset, in offset order.
+async fn everything(log: &dyn Log) -> Vec<(u64, Vec<u8>)> {
+    let (start, end) = log.bounds(0).await.expect("bounds");
+    let mut records = Vec::new();
+    let mut next = start;
+    while next < end {
+        let batch = log.read(0, next, 100).await.expect("read");
+        let Some(last) = batch.last() else { break };
+        next = last.offset + 1;
+        records.extend(batch.into_iter().map(|r| (r.offset, r.payload)));
+    }
+    records
+}
+
 /// A fenced log, as a cluster host writes its state to: every write expects the last
 /// sequence, where its predecessor lands.
 fn fenced_jetstream_log(partitions: u32) -> Arc<dyn Log> {
+    fenced(partitions, false)
+}
+
+/// A fenced log with group commit: appends that wait for a publish share a message.
+fn grouped_jetstream_log(partitions: u32) -> Arc<dyn Log> {
+    fenced(partitions, true)
+}
+
+fn fenced(partitions: u32, group_commit: bool) -> Arc<dyn Log> {
     let server = NatsServers::single().expect("nats-server starts");
     let log = tokio::task::block_in_place(|| {
         tokio::runtime::Handle::current().block_on(async {
             let client = connect_nats(&server.url()).await?;
             let streams = (0..partitions)
-                .map(|p| StreamSpec::new(format!("fenced-{p}"), format!("fenced.{p}"), 1))
+                .map(|p| {
+                    StreamSpec::new(format!("fenced-{p}"), format!("fenced.{p}"), 1)
+                        .group_commit(group_commit)
+                })
                 .collect();
             JetStreamLog::open(
                 async_nats::jetstream::new(client),
@@ -81,11 +107,38 @@ mod store {
             MarkerStrategy::Refresh
         )));
     }
+
+    mod grouped_offsets {
+        use super::*;
+        rewind_host::store_conformance_tests!(|partitions| Arc::new(LogStore::new(
+            super::super::grouped_jetstream_log(partitions),
+            MarkerStrategy::Offsets
+        )));
+    }
+
+    mod grouped_refresh {
+        use super::*;
+        rewind_host::store_conformance_tests!(|partitions| Arc::new(LogStore::new(
+            super::super::grouped_jetstream_log(partitions),
+            MarkerStrategy::Refresh
+        )));
+    }
 }
 
 mod cluster;
-mod fencing;
+mod group_commit;
 mod leases;
+
+/// The fencing tests on streams of one record per message, and on streams with group
+/// commit (records that wait for a publish share the next message): the same file, which
+/// tells by its module's name.
+mod fencing;
+#[path = "fencing.rs"]
+#[expect(
+    clippy::duplicate_mod,
+    reason = "the same tests, on the other kind of stream"
+)]
+mod fencing_with_group_commit;
 
 /// The checkpoint store's conformance suite over a JetStream stream.
 mod checkpoints {
@@ -96,4 +149,18 @@ mod checkpoints {
         store: std::sync::Arc::new(LogCheckpoints::new(super::jetstream_log(1), 0)),
         guard: Box::new(()),
     });
+
+    /// On a fenced stream with group commit, as a cluster host keeps its checkpoints.
+    mod grouped {
+        use rewind_host::checkpoint::LogCheckpoints;
+        use rewind_host::checkpoint::conformance::Fresh;
+
+        rewind_host::checkpoint_conformance_tests!(|| Fresh {
+            store: std::sync::Arc::new(LogCheckpoints::new(
+                super::super::grouped_jetstream_log(1),
+                0
+            )),
+            guard: Box::new(()),
+        });
+    }
 }

@@ -1,0 +1,196 @@
+//! Group commit on JetStream: appends that come while a publish is in flight share the next
+//! message, and each is still a record of its own, at an offset of its own.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use async_nats::jetstream::message::PublishMessage;
+use rewind_host::log::{
+    IN_FLIGHT, JetStreamLog, Log, LogError, PER_MESSAGE, StreamSpec, connect_nats,
+};
+use rewind_host::testing::nats::{NatsServers, SoleHolder};
+
+use super::everything;
+
+fn spec(group_commit: bool) -> StreamSpec {
+    StreamSpec::new("grouped-0", "grouped.0", 1).group_commit(group_commit)
+}
+
+/// A fenced log of one partition, as a cluster host writes.
+async fn open(url: &str, group_commit: bool) -> Result<JetStreamLog, LogError> {
+    let context = async_nats::jetstream::new(connect_nats(url).await.expect("connects"));
+    JetStreamLog::open(
+        context,
+        vec![spec(group_commit)],
+        Some(Arc::new(SoleHolder)),
+    )
+    .await
+}
+
+/// How many messages the stream holds on its record subject (not its fences).
+async fn messages(url: &str) -> u64 {
+    let context = async_nats::jetstream::new(connect_nats(url).await.expect("connects"));
+    let mut stream = context.get_stream("grouped-0").await.expect("stream");
+    let info = stream.info().await.expect("info");
+    info.state.messages - IN_FLIGHT as u64
+}
+
+/// 64 tasks appending 20 records each, without pause, to one partition.
+async fn append_from_64_tasks(log: &Arc<JetStreamLog>) -> Vec<Vec<(u64, Vec<u8>)>> {
+    let tasks: Vec<_> = (0..64)
+        .map(|task| {
+            let log = Arc::clone(log);
+            tokio::spawn(async move {
+                let mut written = Vec::new();
+                for i in 0..20 {
+                    let payload = format!("{task}-{i}").into_bytes();
+                    let offset = log.append(0, payload.clone()).await.expect("append");
+                    written.push((offset, payload));
+                }
+                written
+            })
+        })
+        .collect();
+    let mut written = Vec::new();
+    for task in tasks {
+        written.push(task.await.expect("task"));
+    }
+    written
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn appends_that_wait_share_a_message_and_each_lands_once_where_it_was_told() {
+    let server = NatsServers::single().expect("nats-server starts");
+    let log = Arc::new(open(&server.url(), true).await.expect("opens"));
+    let written = append_from_64_tasks(&log).await;
+
+    for task in &written {
+        assert!(
+            task.windows(2).all(|pair| pair[0].0 < pair[1].0),
+            "one task's appends land in the order it made them: {task:?}"
+        );
+    }
+    let written: BTreeSet<(u64, Vec<u8>)> = written.into_iter().flatten().collect();
+    assert_eq!(
+        written.len(),
+        64 * 20,
+        "every append has an offset of its own"
+    );
+    let records: BTreeSet<(u64, Vec<u8>)> = everything(&*log).await.into_iter().collect();
+    assert_eq!(
+        records, written,
+        "each append is in the log once, at the offset it was told, and nothing else is"
+    );
+    let messages = messages(&server.url()).await;
+    assert!(
+        messages < 64 * 20 / 2,
+        "appends that waited went out together: {messages} messages for {} records",
+        64 * 20
+    );
+}
+
+/// The same appends on a stream without group commit: a message each, offsets one apart
+/// (after the fence).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_group_commit_each_append_is_a_message() {
+    let server = NatsServers::single().expect("nats-server starts");
+    let log = Arc::new(open(&server.url(), false).await.expect("opens"));
+    let written = append_from_64_tasks(&log).await;
+    let mut offsets: Vec<u64> = written.into_iter().flatten().map(|(o, _)| o).collect();
+    offsets.sort_unstable();
+    let first = IN_FLIGHT as u64;
+    assert_eq!(offsets, (first..first + 64 * 20).collect::<Vec<_>>());
+    assert_eq!(messages(&server.url()).await, 64 * 20);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_and_retention_may_start_inside_a_message() {
+    let server = NatsServers::single().expect("nats-server starts");
+    let log = Arc::new(open(&server.url(), true).await.expect("opens"));
+    append_from_64_tasks(&log).await;
+    let records = everything(&*log).await;
+    // A record in the middle of a message of several: offsets count places in a message.
+    let (at, (inside, _)) = records
+        .iter()
+        .enumerate()
+        .find(|(i, (offset, _))| offset % PER_MESSAGE as u64 == 2 && *i + 1 < records.len())
+        .expect("a message of three records or more");
+
+    let two = log.read(0, *inside, 2).await.expect("read");
+    let two: Vec<(u64, Vec<u8>)> = two.into_iter().map(|r| (r.offset, r.payload)).collect();
+    assert_eq!(
+        two,
+        records[at..at + 2],
+        "a read starts at the record asked for"
+    );
+
+    log.delete_below(0, *inside).await.expect("delete");
+    let kept = everything(&*log).await;
+    assert!(
+        kept.first().is_some_and(|(first, _)| first <= inside),
+        "the message that holds the offset stays"
+    );
+    assert_eq!(
+        kept.iter().filter(|(offset, _)| offset >= inside).count(),
+        records.len() - at,
+        "every record at or above the offset stays"
+    );
+}
+
+/// A stream's offsets are made one way for life: opened the other way, the log is refused,
+/// and the error says how the stream was made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_is_opened_only_the_way_it_was_made() {
+    let server = NatsServers::single().expect("nats-server starts");
+    let log = open(&server.url(), true).await.expect("opens");
+    log.append(0, b"x".to_vec()).await.expect("append");
+    let error = open(&server.url(), false).await.expect_err("the other way");
+    let message = error.to_string();
+    assert!(
+        matches!(error, LogError::Corrupt { .. })
+            && message.contains("grouped-0")
+            && message.contains("made with group commit"),
+        "{message}"
+    );
+
+    let server = NatsServers::single().expect("nats-server starts");
+    open(&server.url(), false).await.expect("opens");
+    let message = open(&server.url(), true)
+        .await
+        .expect_err("the other way")
+        .to_string();
+    assert!(message.contains("made without group commit"), "{message}");
+}
+
+/// A message whose records do not add up is an error that names the stream and the
+/// message, not records made up from its bytes; the records before it stay readable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_that_misstates_its_records_is_an_error_naming_it() {
+    let server = NatsServers::single().expect("nats-server starts");
+    let log = open(&server.url(), true).await.expect("opens");
+    let before = log.append(0, b"before".to_vec()).await.expect("append");
+    let context = async_nats::jetstream::new(connect_nats(&server.url()).await.expect("connects"));
+    let ack = context
+        .send_publish(
+            "grouped.0",
+            PublishMessage::build()
+                .payload(b"\x05\x00\x00\x00abc".to_vec().into())
+                .header("Rewind-Records", "2"),
+        )
+        .await
+        .expect("sent")
+        .await
+        .expect("landed");
+
+    let error = log.read(0, before + 1, 10).await.expect_err("misstated");
+    let message = error.to_string();
+    assert!(
+        matches!(error, LogError::Corrupt { .. })
+            && message.contains("grouped-0")
+            && message.contains(&format!("message {}", ack.sequence))
+            && message.contains("record 0 of 2"),
+        "{message}"
+    );
+    let first = log.read(0, before, 1).await.expect("read before it");
+    assert_eq!(first[0].payload, b"before");
+}
