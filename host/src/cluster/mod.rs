@@ -44,9 +44,24 @@ pub struct Layout {
     /// Replicas of every stream and bucket: 3 in production (JetStream 2.9 acknowledges
     /// before fsync; durability comes from replication).
     pub replicas: usize,
+    /// Whether the state, output and checkpoint streams put appends that wait for a
+    /// publish in one message (see `StreamSpec::group_commit`). A layout recorded before
+    /// this existed is without.
+    #[serde(default)]
+    pub group_commit: bool,
 }
 
 impl Layout {
+    /// "4 partitions of 1 replica, with group commit": what hosts must agree on.
+    fn describe(&self) -> String {
+        format!(
+            "{} partitions of {} replicas, {} group commit",
+            self.partitions,
+            self.replicas,
+            if self.group_commit { "with" } else { "without" }
+        )
+    }
+
     pub fn lease_bucket(&self) -> String {
         format!("{}-leases", self.prefix)
     }
@@ -82,13 +97,11 @@ impl Layout {
         let recorded: Layout = serde_json::from_slice(&recorded).context("the recorded layout")?;
         anyhow::ensure!(
             &recorded == self,
-            "the cluster `{}` has {} partitions of {} replicas; this host was started with {} \
-             of {}: start it with the cluster's",
+            "the cluster `{}` has {}; this host was started with {}: start it with the \
+             cluster's",
             self.prefix,
-            recorded.partitions,
-            recorded.replicas,
-            self.partitions,
-            self.replicas
+            recorded.describe(),
+            self.describe(),
         );
         Ok(())
     }

@@ -25,6 +25,7 @@ impl Layout {
             format!("{}.out.{partition}", self.prefix),
             self.replicas,
         )
+        .group_commit(self.group_commit)
     }
 }
 

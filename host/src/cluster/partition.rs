@@ -24,6 +24,7 @@ impl Layout {
             format!("{}.state.{partition}", self.prefix),
             self.replicas,
         )
+        .group_commit(self.group_commit)
     }
 
     pub fn checkpoint_stream(&self, partition: u32) -> StreamSpec {
@@ -32,6 +33,7 @@ impl Layout {
             format!("{}.checkpoints.{partition}", self.prefix),
             self.replicas,
         )
+        .group_commit(self.group_commit)
     }
 }
 

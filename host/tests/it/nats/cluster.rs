@@ -28,6 +28,18 @@ struct Host {
 
 impl Host {
     fn start(dir: &Path, url: &str, name: &str, replicas: usize, ttl_ms: u64) -> Self {
+        Self::start_with(dir, url, name, replicas, ttl_ms, &[])
+    }
+
+    /// [`start`](Self::start), with more arguments for `rewind cluster run`.
+    fn start_with(
+        dir: &Path,
+        url: &str,
+        name: &str,
+        replicas: usize,
+        ttl_ms: u64,
+        more: &[&str],
+    ) -> Self {
         let log = dir.join(format!("{name}.log"));
         let child = Command::new(env!("CARGO_BIN_EXE_rewind"))
             .arg("--cache-dir")
@@ -38,6 +50,7 @@ impl Host {
             .args(["--partitions", &PARTITIONS.to_string()])
             .args(["--replicas", &replicas.to_string()])
             .args(["--lease-ttl-ms", &ttl_ms.to_string()])
+            .args(more)
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).expect("host log"))
             .spawn()
@@ -143,11 +156,14 @@ async fn wait_for_log(host: &Host, text: &str, hosts: &[&Host]) {
     }
 }
 
+/// The layout the hosts are started with, for the inputs (which are the same with group
+/// commit or without).
 fn layout(replicas: usize) -> Layout {
     Layout {
         prefix: "t".to_owned(),
         partitions: PARTITIONS,
         replicas,
+        group_commit: false,
     }
 }
 
@@ -182,9 +198,21 @@ async fn publish(url: String, replicas: usize, range: std::ops::Range<u32>, ever
     }
 }
 
+/// Every output of the cluster, read as its hosts laid it out.
 async fn outputs(url: &str, replicas: usize) -> Vec<OutputRecord> {
     let context = async_nats::jetstream::new(connect_nats(url).await.expect("connects"));
-    let layout = layout(replicas);
+    // Read again while a NATS node is down or restarting, as the log retries.
+    let started = Instant::now();
+    let layout = loop {
+        match Layout::load(&context, "t").await {
+            Ok(layout) => break layout,
+            Err(_) if started.elapsed() < Duration::from_secs(30) => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(error) => panic!("the recorded layout: {error}"),
+        }
+    };
+    assert_eq!(layout.replicas, replicas);
     let streams = (0..PARTITIONS).map(|p| layout.output_stream(p)).collect();
     let log = JetStreamLog::open(context, streams, None)
         .await
@@ -277,11 +305,22 @@ fn check(outputs: &[OutputRecord], remote: &Remote, inputs: u32) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_hosts_one_killed_every_output_once_and_every_call_once() {
+    two_hosts_one_killed(&[]).await;
+}
+
+/// The same with group commit: the state, output and checkpoint records that wait for a
+/// publish share a message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_group_commit_two_hosts_one_killed_every_output_once_and_every_call_once() {
+    two_hosts_one_killed(&["--group-commit"]).await;
+}
+
+async fn two_hosts_one_killed(more: &[&str]) {
     let world = world(NatsServers::single().expect("nats-server starts")).await;
     let (url, remote, dir) = (world.url.clone(), world.remote.clone(), world.dir.path());
-    let mut a = Host::start(dir, &url, "a", 1, 1_500);
+    let mut a = Host::start_with(dir, &url, "a", 1, 1_500, more);
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let b = Host::start(dir, &url, "b", 1, 1_500);
+    let b = Host::start_with(dir, &url, "b", 1, 1_500, more);
 
     a.joined().await;
     // A message on an input subject that is not an input is skipped; the partition goes on.
@@ -309,6 +348,15 @@ async fn two_hosts_one_killed_every_output_once_and_every_call_once() {
 
     check(&outputs(&url, 1).await, &remote, inputs);
     assert_eq!(remote.repeats(), 0, "no call reached the remote twice");
+    let context = async_nats::jetstream::new(connect_nats(&url).await.expect("connects"));
+    let layout = Layout::load(&context, "t")
+        .await
+        .expect("the recorded layout");
+    assert_eq!(
+        layout.group_commit,
+        more.contains(&"--group-commit"),
+        "the hosts ran the streams as asked"
+    );
     let (a_log, b_log) = (a.log(), b.log());
     assert!(
         a_log.contains("partition taken"),
