@@ -69,6 +69,13 @@ pub enum LogError {
     Fenced { stream: String },
     #[error("record of {size} bytes is larger than the {max} a record may hold")]
     TooLarge { size: usize, max: usize },
+    #[error(
+        "stream {stream} was made {made} group commit, and is opened {opened}: its offsets \
+         are counted the other way (open it {made} group commit, or use another stream)",
+        made = if *group_commit { "with" } else { "without" },
+        opened = if *group_commit { "without" } else { "with" },
+    )]
+    StreamMade { stream: String, group_commit: bool },
 }
 
 /// An append-only, partitioned, durable log.

@@ -59,9 +59,12 @@ pub use writer::IN_FLIGHT;
 const DUPLICATE_WINDOW: Duration = Duration::from_secs(120);
 
 /// Room for an append's headers within the server's largest message: `Nats-Msg-Id` (32
-/// hex digits), `Nats-Expected-Last-Sequence` (up to 20 digits) and [`RECORDS`] (3) take
-/// about 130 bytes.
-const HEADERS: usize = 160;
+/// hex digits) and `Nats-Expected-Last-Sequence` (up to 20 digits) take about 110 bytes.
+const HEADERS: usize = 128;
+
+/// More room on a stream with group commit, for the [`RECORDS`] header (`Rewind-Records:
+/// 256`, 21 bytes) and a record's length in front of it (4).
+const GROUPED: usize = 32;
 
 /// The header of a message that holds several records (group commit): how many. Its
 /// payload is each record's length (4 bytes, little-endian) followed by the record.
@@ -250,9 +253,6 @@ pub struct JetStreamLog {
     /// what a request to a stream whose leader just died waits for nothing.)
     quick: jetstream::Context,
     partitions: Vec<Partition>,
-    /// The largest record an append takes: the server's largest message, less room for
-    /// the headers an append carries.
-    max_record: usize,
 }
 
 #[derive(Debug)]
@@ -262,6 +262,8 @@ struct Partition {
     one_by_one_until: std::sync::Mutex<Option<Instant>>,
     /// Fenced logs: the task that writes the partition.
     writer: Option<writer::Handle>,
+    /// The largest record an append takes ([`max_record`]).
+    max_record: usize,
 }
 
 /// An append of [`JetStreamLog::append_many`] on its way.
@@ -315,13 +317,19 @@ pub(crate) async fn retrying<T, E: fmt::Display, F: Future<Output = Result<T, E>
     }
 }
 
-/// The largest record an append takes: the server's largest message, less room for the
-/// headers. Known once the server has answered a request: the client has heard its INFO
-/// by then. (0 would be a server that never said.)
-fn max_record(context: &jetstream::Context) -> usize {
+/// The largest record an append to `spec`'s stream takes: the server's largest message,
+/// less room for the headers (and with group commit, a record's length). Known once the
+/// server has answered a request: the client has heard its INFO by then. (0 would be a
+/// server that never said.)
+fn max_record(context: &jetstream::Context, spec: &StreamSpec) -> usize {
+    let room = if spec.group_commit {
+        HEADERS + GROUPED
+    } else {
+        HEADERS
+    };
     match context.client().server_info().max_payload {
-        0 => usize::MAX,
-        max => max.saturating_sub(HEADERS),
+        0 => usize::MAX - room,
+        max => max.saturating_sub(room),
     }
 }
 
@@ -382,24 +390,19 @@ impl JetStreamLog {
                 context.get_or_create_stream(config.clone())
             })
             .await?;
-            // A stream made before streams said how (or by hand) counts as without.
-            let made = stream.cached_info().config.description.as_deref();
-            if made.unwrap_or(WITHOUT_GROUP_COMMIT) != spec.description() {
-                return Err(LogError::Corrupt {
-                    path: format!("stream {}", spec.name),
-                    message: format!(
-                        "it was made {} group commit, and is opened {}: its offsets would be \
-                         misread (it says \"{}\")",
-                        if spec.group_commit { "without" } else { "with" },
-                        if spec.group_commit { "with" } else { "without" },
-                        made.unwrap_or_default(),
-                    ),
+            // A stream made before streams said how, or by hand, is without.
+            let made_with =
+                stream.cached_info().config.description.as_deref() == Some(WITH_GROUP_COMMIT);
+            if made_with != spec.group_commit {
+                return Err(LogError::StreamMade {
+                    stream: spec.name,
+                    group_commit: made_with,
                 });
             }
+            let max_record = max_record(&context, &spec);
             let writer = match &authority {
                 Some(authority) => Some(
-                    writer::start(&context, &spec, Arc::clone(authority), max_record(&context))
-                        .await?,
+                    writer::start(&context, &spec, Arc::clone(authority), max_record + 4).await?,
                 ),
                 None => None,
             };
@@ -407,12 +410,12 @@ impl JetStreamLog {
                 spec,
                 one_by_one_until: std::sync::Mutex::new(None),
                 writer,
+                max_record,
             });
         }
         let mut quick = context.clone();
         quick.set_timeout(CONSUMER_WITHIN);
         Ok(Self {
-            max_record: max_record(&context),
             context,
             quick,
             partitions,
@@ -578,11 +581,11 @@ impl JetStreamLog {
 
     /// Refuses a record larger than the server takes, at once: retried, it would fail for
     /// [`RETRY_FOR`], and on a fenced partition hold up every append behind it meanwhile.
-    fn fits(&self, payload: &[u8]) -> Result<(), LogError> {
-        if payload.len() > self.max_record {
+    fn fits(partition: &Partition, payload: &[u8]) -> Result<(), LogError> {
+        if payload.len() > partition.max_record {
             return Err(LogError::TooLarge {
                 size: payload.len(),
-                max: self.max_record,
+                max: partition.max_record,
             });
         }
         Ok(())
@@ -606,7 +609,7 @@ impl Log for JetStreamLog {
 
     async fn append(&self, partition: u32, payload: Vec<u8>) -> Result<Offset, LogError> {
         let partition = self.partition(partition)?;
-        self.fits(&payload)?;
+        Self::fits(partition, &payload)?;
         let payload = Bytes::from(payload);
         if let Some(writer) = &partition.writer {
             return writer.publish(payload).await.settled().await;
@@ -618,8 +621,8 @@ impl Log for JetStreamLog {
     }
 
     async fn append_many(&self, records: Vec<(u32, Vec<u8>)>) -> Result<Vec<Offset>, LogError> {
-        for (_, payload) in &records {
-            self.fits(payload)?;
+        for (partition, payload) in &records {
+            Self::fits(self.partition(*partition)?, payload)?;
         }
         // Every record is published before any acknowledgement is awaited; a fenced one's is
         // awaited by a task of its own meanwhile (see `writer::Pending::detach`).

@@ -100,7 +100,8 @@ impl fmt::Debug for Handle {
 /// not take the append back.
 pub enum Pending {
     InFlight(InFlight),
-    /// Queued for the mender of a broken chain, or published by it.
+    /// Gathered into the next message (group commit), or queued for the mender of a broken
+    /// chain, or published by it.
     Queued(oneshot::Receiver<Result<Offset, LogError>>),
     Refused(LogError),
 }
@@ -118,7 +119,8 @@ impl Pending {
     /// Has the acknowledgement awaited and recorded by a task of its own, at once: for a
     /// caller that holds several appends and awaits them one by one. (Each waits for
     /// those before it to be recorded: so a caller holding appends that it does not await
-    /// could fill the window, or keep a mender waiting, for ever.)
+    /// could fill the window, keep a mender waiting, or with group commit hold back the
+    /// records gathered behind it, for ever.)
     pub fn detach(self) -> oneshot::Receiver<Result<Offset, LogError>> {
         match self {
             Pending::InFlight(in_flight) => {
@@ -369,7 +371,8 @@ struct Shared {
     /// How many publishes may be in flight before appends gather (group commit), or wait
     /// for room: [`EAGER`] or [`IN_FLIGHT`].
     eager: usize,
-    /// The most bytes of records one message carries.
+    /// The most bytes of framed records one message carries (the largest record, framed,
+    /// fits).
     max_message: usize,
     chain: Mutex<Chain>,
     /// Appenders waiting for room in a full window.
@@ -498,8 +501,13 @@ fn answer_each(replies: Vec<Reply>, first: Result<Offset, LogError>) {
             // The places of one message are consecutive offsets (see `StreamSpec::offset`).
             Ok(first) => Ok(first + place as u64),
             Err(LogError::Fenced { stream }) => Err(fenced(stream)),
+            Err(LogError::Io { context, source }) => Err(LogError::Io {
+                context: context.clone(),
+                source: std::io::Error::new(source.kind(), source.to_string()),
+            }),
             Err(LogError::Closed) => Err(LogError::Closed),
-            Err(error) => Err(io("appending a record sent with others", error)),
+            // Nothing else comes out of a publish's settling.
+            Err(error) => Err(io("appending", error)),
         };
         let _ = reply.send(answer);
     }

@@ -722,6 +722,26 @@ async fn a_record_too_large_for_the_server_is_refused_at_once() {
         .await
         .expect("the partition goes on");
     assert_eq!(everything(&log).await, [(offset, b"after".to_vec())]);
+
+    // The largest record there is room for lands, also behind another in flight (with
+    // group commit: gathered into a message of its own, with the header that says so).
+    let largest = vec![7u8; max];
+    let (small, large) = tokio::join!(
+        log.append(0, b"small".to_vec()),
+        log.append(0, largest.clone())
+    );
+    let (small, large) = (
+        small.expect("lands"),
+        large.expect("the largest record lands"),
+    );
+    assert_eq!(
+        everything(&log).await,
+        [
+            (offset, b"after".to_vec()),
+            (small, b"small".to_vec()),
+            (large, largest)
+        ]
+    );
 }
 
 /// One `append_many` of more records for a partition than its window holds: each record's

@@ -138,7 +138,8 @@ async fn reads_and_retention_may_start_inside_a_message() {
 }
 
 /// A stream's offsets are made one way for life: opened the other way, the log is refused,
-/// and the error says how the stream was made.
+/// and the error says how the stream was made. A stream made by hand (whatever its
+/// description) is one without.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_is_opened_only_the_way_it_was_made() {
     let server = NatsServers::single().expect("nats-server starts");
@@ -147,19 +148,39 @@ async fn a_stream_is_opened_only_the_way_it_was_made() {
     let error = open(&server.url(), false).await.expect_err("the other way");
     let message = error.to_string();
     assert!(
-        matches!(error, LogError::Corrupt { .. })
-            && message.contains("grouped-0")
-            && message.contains("made with group commit"),
+        matches!(
+            error,
+            LogError::StreamMade {
+                group_commit: true,
+                ..
+            }
+        ) && message.contains("grouped-0")
+            && message.contains("made with group commit, and is opened without"),
         "{message}"
     );
 
     let server = NatsServers::single().expect("nats-server starts");
-    open(&server.url(), false).await.expect("opens");
+    let context = async_nats::jetstream::new(connect_nats(&server.url()).await.expect("connects"));
+    context
+        .create_stream(async_nats::jetstream::stream::Config {
+            name: "grouped-0".to_owned(),
+            subjects: vec!["grouped.0".to_owned(), "grouped.0.fence".to_owned()],
+            description: Some("orders, partition 0".to_owned()),
+            ..Default::default()
+        })
+        .await
+        .expect("a stream made by hand");
+    open(&server.url(), false)
+        .await
+        .expect("opens as it was made");
     let message = open(&server.url(), true)
         .await
         .expect_err("the other way")
         .to_string();
-    assert!(message.contains("made without group commit"), "{message}");
+    assert!(
+        message.contains("made without group commit, and is opened with"),
+        "{message}"
+    );
 }
 
 /// A message whose records do not add up is an error that names the stream and the
