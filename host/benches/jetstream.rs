@@ -27,6 +27,8 @@ const PARTITIONS: u32 = 8;
 const SAMPLES: usize = 1_000;
 const PER_KEY: u64 = 400;
 const ROUNDS: usize = 12;
+/// Raw, raw with ids, fenced appends, durable calls, durable calls with group commit.
+const FIGURES: usize = 5;
 
 /// The CPU time this process (the host side: client, log, store, calls) has used so far.
 fn cpu_time() -> Duration {
@@ -75,15 +77,21 @@ fn specs(prefix: &str, replicas: usize) -> Vec<StreamSpec> {
         .collect()
 }
 
-/// A fenced JetStream log of [`PARTITIONS`] streams, as a cluster host has.
-async fn fenced_log(context: &jetstream::Context, prefix: &str, replicas: usize) -> Arc<dyn Log> {
-    let log = JetStreamLog::open(
-        context.clone(),
-        specs(prefix, replicas),
-        Some(Arc::new(SoleHolder)),
-    )
-    .await
-    .expect("log");
+/// A fenced JetStream log of [`PARTITIONS`] streams, as a cluster host has; with group
+/// commit or without.
+async fn fenced_log(
+    context: &jetstream::Context,
+    prefix: &str,
+    replicas: usize,
+    group_commit: bool,
+) -> Arc<dyn Log> {
+    let specs = specs(prefix, replicas)
+        .into_iter()
+        .map(|spec| spec.group_commit(group_commit))
+        .collect();
+    let log = JetStreamLog::open(context.clone(), specs, Some(Arc::new(SoleHolder)))
+        .await
+        .expect("log");
     Arc::new(log)
 }
 
@@ -92,8 +100,9 @@ async fn open_store(
     context: &jetstream::Context,
     prefix: &str,
     replicas: usize,
+    group_commit: bool,
 ) -> Arc<dyn ActionStateStore> {
-    let log = fenced_log(context, prefix, replicas).await;
+    let log = fenced_log(context, prefix, replicas, group_commit).await;
     Arc::new(LogStore::new(log, MarkerStrategy::Offsets))
 }
 
@@ -138,18 +147,19 @@ async fn state_sizes(functions: &Arc<Functions>) -> (usize, usize) {
 }
 
 /// Medians of a raw publish and its acknowledgement, and of a live durable call (no-op
-/// handler, one key) on the store, sampled alternately so that both see the same cluster.
+/// handler, one key) on each of `stores`, sampled in turn so that all see the same cluster.
 async fn latencies(
     bytes: usize,
     context: &jetstream::Context,
-    store: &Arc<dyn ActionStateStore>,
+    stores: &[&Arc<dyn ActionStateStore>],
     functions: &Arc<Functions>,
     prefix: &str,
     replicas: usize,
-) -> (Duration, Duration) {
+) -> (Duration, Vec<Duration>) {
     create_streams(context, prefix, replicas).await;
     let payload = Bytes::from(vec![7u8; bytes]);
-    let (mut raw, mut calls) = (Vec::with_capacity(SAMPLES), Vec::with_capacity(SAMPLES));
+    let mut raw = Vec::with_capacity(SAMPLES);
+    let mut calls = vec![Vec::with_capacity(SAMPLES); stores.len()];
     for n in 0..SAMPLES as u64 {
         let started = Instant::now();
         context
@@ -160,14 +170,16 @@ async fn latencies(
             .expect("ack");
         raw.push(started.elapsed());
 
-        let state = ActionState::new(key("one", n), Event::new("input", "{}"));
-        let mut run = calls_of(store, functions, state);
-        let started = Instant::now();
-        let result = run.call("noop", r#"{"q":"where is my order?"}"#).await;
-        calls.push(started.elapsed());
-        assert!(matches!(result, Ok(Ok(_))));
+        for (store, calls) in stores.iter().zip(&mut calls) {
+            let state = ActionState::new(key("one", n), Event::new("input", "{}"));
+            let mut run = calls_of(store, functions, state);
+            let started = Instant::now();
+            let result = run.call("noop", r#"{"q":"where is my order?"}"#).await;
+            calls.push(started.elapsed());
+            assert!(matches!(result, Ok(Ok(_))));
+        }
     }
-    (median(raw), median(calls))
+    (median(raw), calls.into_iter().map(median).collect())
 }
 
 /// Raw publish-acks per second from 64 publishers, each waiting for its ack before its
@@ -230,7 +242,7 @@ async fn log_appends(
     prefix: &str,
     replicas: usize,
 ) -> f64 {
-    let log = fenced_log(context, prefix, replicas).await;
+    let log = fenced_log(context, prefix, replicas, false).await;
     let started = Instant::now();
     let mut tasks = Vec::new();
     for k in 0..64 {
@@ -267,29 +279,37 @@ fn main() {
             }
             .expect("nats-server starts");
             let context = jetstream::new(connect_nats(&servers.url()).await.expect("connects"));
-            let store = open_store(&context, "calls", replicas).await;
+            let store = open_store(&context, "calls", replicas, false).await;
+            let grouped = open_store(&context, "grouped", replicas, true).await;
+            let stores = [&store, &grouped];
             // Warm up first: a cluster just started is still settling its leaders.
-            latencies(one_call, &context, &store, &functions, "raw", replicas).await;
-            let (raw, call) =
-                latencies(one_call, &context, &store, &functions, "raw", replicas).await;
+            latencies(one_call, &context, &stores, &functions, "raw", replicas).await;
+            let (raw, calls) =
+                latencies(one_call, &context, &stores, &functions, "raw", replicas).await;
             println!("{setup}: raw publish-ack, median of {SAMPLES}:          {raw:>10.1?}");
-            println!(
-                "{setup}: live durable call, one key, median:      {call:>10.1?}  ({:.2}x raw)",
-                call.as_secs_f64() / raw.as_secs_f64()
-            );
+            for (name, call) in ["", ", group commit"].iter().zip(calls) {
+                println!(
+                    "{setup}: live durable call{name}, one key, median: {call:>10.1?}  ({:.2}x raw)",
+                    call.as_secs_f64() / raw.as_secs_f64()
+                );
+            }
             let mut rounds = Vec::with_capacity(ROUNDS);
             for round in 1..=ROUNDS {
                 // Each round starts with the next figure: none always runs after the
                 // others (and pays for the servers' collecting what they left).
-                let mut figures = [None; 4];
-                for turn in 0..4 {
-                    let figure = (round + turn) % 4;
+                let mut figures = [None; FIGURES];
+                for turn in 0..FIGURES {
+                    let figure = (round + turn) % FIGURES;
                     figures[figure] = Some(match figure {
                         0 => rate(raw_throughput(mean, &context, "raw64", replicas, false)).await,
                         1 => rate(raw_throughput(mean, &context, "raw64ids", replicas, true)).await,
                         2 => rate(log_appends(mean, &context, "appends", replicas)).await,
+                        3 => {
+                            let store = open_store(&context, "calls64", replicas, false).await;
+                            rate(calls_per_second_64_keys(&store, &functions, PER_KEY)).await
+                        }
                         _ => {
-                            let store = open_store(&context, "calls64", replicas).await;
+                            let store = open_store(&context, "grouped64", replicas, true).await;
                             rate(calls_per_second_64_keys(&store, &functions, PER_KEY)).await
                         }
                     });
@@ -315,6 +335,7 @@ fn main() {
                 "the same with Nats-Msg-Id:            ",
                 "fenced log appends, 64 tasks:         ",
                 "durable calls, 64 keys:               ",
+                "durable calls, 64 keys, group commit: ",
             ];
             for (i, name) in names.iter().enumerate() {
                 let per_second = median_of(rounds.iter().map(|r| r[i].per_second).collect());
