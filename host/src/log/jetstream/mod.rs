@@ -54,9 +54,12 @@ mod writer;
 
 pub use writer::IN_FLIGHT;
 
-/// How long JetStream remembers a `Nats-Msg-Id` (its default): well beyond the time an
-/// append is retried, so that a retry of a publish that landed is always known.
-const DUPLICATE_WINDOW: Duration = Duration::from_secs(120);
+/// How long JetStream remembers a `Nats-Msg-Id`: longer than an append is retried
+/// ([`RETRY_FOR`], counted from its first publish) and its last attempt's acknowledgement
+/// is awaited, so that a retry of a publish that landed is always known. Not JetStream's
+/// default (2 minutes): a server keeps every id of the window in memory, and its garbage
+/// collector scans them all.
+const DUPLICATE_WINDOW: Duration = Duration::from_secs(45);
 
 /// Room for an append's headers within the server's largest message: `Nats-Msg-Id` (32
 /// hex digits) and `Nats-Expected-Last-Sequence` (up to 20 digits) take about 110 bytes.
@@ -109,7 +112,7 @@ pub struct StreamSpec {
     /// acknowledges).
     pub replicas: usize,
     /// How long the server remembers a `Nats-Msg-Id`; it must outlast an append's retries
-    /// ([`RETRY_FOR`]). JetStream's default, 2 minutes, unless a test shortens it.
+    /// ([`RETRY_FOR`]). 45 s unless a test shortens it.
     pub duplicate_window: Duration,
     /// Whether a fenced writer may put several records in one message when appends wait
     /// for the ones in flight (group commit). A record's offset is then
@@ -119,7 +122,7 @@ pub struct StreamSpec {
 }
 
 impl StreamSpec {
-    /// A stream with JetStream's default duplicate window.
+    /// A stream with the log's duplicate window ([`DUPLICATE_WINDOW`]).
     pub fn new(name: impl Into<String>, subject: impl Into<String>, replicas: usize) -> Self {
         Self {
             name: name.into(),
