@@ -482,16 +482,22 @@ impl Gathering {
         (draft, self.replies)
     }
 
-    /// The message as an append for the mender: a task of its own answers each record once
-    /// the append's reply comes.
+    /// The message as an append for the mender.
     fn into_append(self, runtime: &tokio::runtime::Handle) -> Append {
         let (draft, replies) = self.into_message();
-        let (reply, receiver) = oneshot::channel();
-        runtime.spawn(async move {
-            answer_each(replies, receiver.await.unwrap_or(Err(LogError::Closed)));
-        });
+        let reply = reply_for_each(runtime, replies);
         Append { draft, reply }
     }
+}
+
+/// One reply for a message of several records: a task of its own answers each record once
+/// it comes.
+fn reply_for_each(runtime: &tokio::runtime::Handle, replies: Vec<Reply>) -> Reply {
+    let (reply, receiver) = oneshot::channel();
+    runtime.spawn(async move {
+        answer_each(replies, receiver.await.unwrap_or(Err(LogError::Closed)));
+    });
+    reply
 }
 
 /// Answers the records of one message, which landed at `first` (or did not).
@@ -675,10 +681,7 @@ impl Shared {
                 });
             }
             None => {
-                let (reply, receiver) = oneshot::channel();
-                self.runtime.spawn(async move {
-                    answer_each(replies, receiver.await.unwrap_or(Err(LogError::Closed)));
-                });
+                let reply = reply_for_each(&self.runtime, replies);
                 self.hand_to_mender(chain, serial, Append { draft, reply });
             }
         }

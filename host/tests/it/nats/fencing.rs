@@ -13,7 +13,7 @@ use rewind_host::log::{
 };
 use rewind_host::testing::nats::NatsServers;
 
-use super::everything;
+use super::{Writer, appending_tasks, everything};
 
 /// Whether this copy of the tests runs on streams with group commit (`nats/mod.rs`).
 const GROUP_COMMIT: bool = ends_with(module_path!(), "_with_group_commit");
@@ -529,34 +529,6 @@ async fn behind_a_proxy(server: &NatsServers) -> (Proxy, JetStreamLog) {
     let host = Host { name: "a", holder };
     let log = open_with(&proxy.url, Some(Duration::from_millis(500)), Arc::new(host)).await;
     (proxy, log)
-}
-
-/// An appending task: it returns what it was told landed where.
-type Writer = tokio::task::JoinHandle<Vec<(u64, Vec<u8>)>>;
-
-/// `tasks` tasks appending `TASK-I` to `log`, `each` of them, `pause` apart; each returns
-/// what it was told landed where. Any failed append fails the test.
-fn appending_tasks(log: &Arc<JetStreamLog>, tasks: u32, each: u32, pause: Duration) -> Vec<Writer> {
-    (0..tasks)
-        .map(|task| {
-            let log = Arc::clone(log);
-            tokio::spawn(async move {
-                let mut written = Vec::new();
-                for i in 0..each {
-                    let payload = format!("{task}-{i}").into_bytes();
-                    let offset = log
-                        .append(0, payload.clone())
-                        .await
-                        .unwrap_or_else(|e| panic!("append {task}-{i}: {e}"));
-                    written.push((offset, payload));
-                    if !pause.is_zero() {
-                        tokio::time::sleep(pause).await;
-                    }
-                }
-                written
-            })
-        })
-        .collect()
 }
 
 /// Waits for `writers` (a minute each at most) and asserts that each of their `count`

@@ -3,6 +3,7 @@
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_nats::jetstream::message::PublishMessage;
 use rewind_host::log::{
@@ -10,7 +11,7 @@ use rewind_host::log::{
 };
 use rewind_host::testing::nats::{NatsServers, SoleHolder};
 
-use super::everything;
+use super::{appending_tasks, everything};
 
 fn spec(group_commit: bool) -> StreamSpec {
     StreamSpec::new("grouped-0", "grouped.0", 1).group_commit(group_commit)
@@ -35,24 +36,11 @@ async fn messages(url: &str) -> u64 {
     info.state.messages - IN_FLIGHT as u64
 }
 
-/// 64 tasks appending 20 records each, without pause, to one partition.
+/// 64 tasks appending 20 records each, without pause, to one partition: what each was
+/// told landed where.
 async fn append_from_64_tasks(log: &Arc<JetStreamLog>) -> Vec<Vec<(u64, Vec<u8>)>> {
-    let tasks: Vec<_> = (0..64)
-        .map(|task| {
-            let log = Arc::clone(log);
-            tokio::spawn(async move {
-                let mut written = Vec::new();
-                for i in 0..20 {
-                    let payload = format!("{task}-{i}").into_bytes();
-                    let offset = log.append(0, payload.clone()).await.expect("append");
-                    written.push((offset, payload));
-                }
-                written
-            })
-        })
-        .collect();
     let mut written = Vec::new();
-    for task in tasks {
+    for task in appending_tasks(log, 64, 20, Duration::ZERO) {
         written.push(task.await.expect("task"));
     }
     written

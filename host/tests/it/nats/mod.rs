@@ -2,6 +2,7 @@
 //! real nats-server (Debian's, installed by scripts/test.sh) on loopback.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use rewind_host::log::{Guarded, JetStreamLog, Log, StreamSpec, connect_nats};
 use rewind_host::testing::nats::{NatsServers, SoleHolder};
@@ -21,6 +22,34 @@ fn jetstream_log(partitions: u32) -> Arc<dyn Log> {
 }
 
 rewind_host::log_conformance_tests!(jetstream_log);
+
+/// An appending task: it returns what it was told landed where.
+type Writer = tokio::task::JoinHandle<Vec<(u64, Vec<u8>)>>;
+
+/// `tasks` tasks appending `TASK-I` to `log`, `each` of them, `pause` apart; each returns
+/// what it was told landed where. Any failed append fails the test.
+fn appending_tasks(log: &Arc<JetStreamLog>, tasks: u32, each: u32, pause: Duration) -> Vec<Writer> {
+    (0..tasks)
+        .map(|task| {
+            let log = Arc::clone(log);
+            tokio::spawn(async move {
+                let mut written = Vec::new();
+                for i in 0..each {
+                    let payload = format!("{task}-{i}").into_bytes();
+                    let offset = log
+                        .append(0, payload.clone())
+                        .await
+                        .unwrap_or_else(|e| panic!("append {task}-{i}: {e}"));
+                    written.push((offset, payload));
+                    if !pause.is_zero() {
+                        tokio::time::sleep(pause).await;
+                    }
+                }
+                written
+            })
+        })
+        .collect()
+}
 
 /// Every record of partition 0, with its offset, in offset order.
 async fn everything(log: &dyn Log) -> Vec<(u64, Vec<u8>)> {
