@@ -37,13 +37,22 @@
 //! Group commit (a stream made with it, [`StreamSpec::group_commit`]). An append that finds
 //! fewer than [`EAGER`] publishes in flight is published on its own, as above; one that
 //! finds more joins the chain's *gathering*, the records of the next message, and waits
-//! for its answer. The gathering goes out as one message (its records framed, and counted
-//! in a header) as soon as the window is down to [`EAGER`] again: when a publish settles,
-//! in the settling task, under the chain's lock. A gathering that is full (256 records, or
-//! the server's largest message) goes out at once if the window has room. A message of
-//! several records is one publish like any other: it takes one place in the window, is
-//! retried whole with its id, and is refused whole; so the fencing argument above holds as
-//! it is. Its records' offsets are its sequence's, one per place.
+//! for its answer. A message of several records (framed, and counted in a header) is one
+//! publish like any other: it takes one place in the window, is retried whole with its id,
+//! and is refused whole; so the fencing argument above holds as it is. Its records' offsets
+//! are its sequence's, one per place.
+//!
+//! When the gathering goes out. Once the window is down to [`EAGER`] again, it waits for
+//! the appenders the settled publish answered: a host's keys each make their next call as
+//! soon as the last one is answered, so they append again at once. Then it goes out,
+//! holding both them and the records that waited while the publish was in flight. (Sent
+//! at once instead, it would leave them to gather behind it: two groups taking turns, each
+//! message half as full, twice the round trips.) The wait ends when as many appends have
+//! joined as the settled publish carried, or when a turn of the tasks ready to run, on the
+//! worker that answered them, passes with none joining ([`Shared::linger`]); appends join
+//! a waiting gathering however empty the window is. A lone appender's next record goes out
+//! on its own at once, as before. A gathering that is full (256 records, or the server's
+//! largest message) goes out at once if the window has room.
 //!
 //! A broken chain (the publish at its front failed, or landed elsewhere than predicted)
 //! gets one mender, a task that owns the chain until it is whole again: appends that come
@@ -158,9 +167,9 @@ impl Handle {
                     chain.queued.push_back(Append { draft, reply });
                     return Pending::Queued(receiver);
                 }
-                if chain.window.len() < shared.eager {
-                    // Nothing gathers while the window is this empty (see `advance`).
-                    debug_assert!(chain.gathering.is_none());
+                // While the window is this empty, a gathering is one about to go out (see
+                // `advance`): an append joins it rather than overtake it.
+                if chain.window.len() < shared.eager && chain.gathering.is_none() {
                     let draft = Draft::new(payload);
                     let (serial, expected) = chain.claim();
                     // Handed to the client under the chain's lock, so that messages leave in
@@ -201,6 +210,13 @@ impl Handle {
                                 .gathering
                                 .get_or_insert_with(Gathering::new)
                                 .push(&payload, reply);
+                            if chain.window.len() < shared.eager {
+                                // The last of the appenders the gathering waits for.
+                                chain.returning = chain.returning.saturating_sub(1);
+                                if chain.returning == 0 {
+                                    shared.flush(&mut chain);
+                                }
+                            }
                             return Pending::Queued(receiver);
                         }
                         // The client was too busy for the full message: a mender has it.
@@ -226,7 +242,13 @@ impl InFlight {
         let result = self.ack.as_mut().expect("awaited once").await;
         self.ack = None;
         let draft = self.draft.take().expect("settled once");
-        match self.shared.settle(self.serial, draft, result) {
+        // A message of several records lingers where its records are answered (`flush`).
+        let gathered = draft.records.is_some();
+        let settled = self.shared.settle(self.serial, draft, result);
+        if !gathered {
+            self.shared.linger_soon();
+        }
+        match settled {
             Ok(offset) => Ok(offset),
             Err(retried) => retried.await.unwrap_or(Err(LogError::Closed)),
         }
@@ -244,6 +266,7 @@ impl Drop for InFlight {
         let serial = self.serial;
         self.shared.runtime.spawn(async move {
             let _ = shared.settle(serial, draft, ack.await);
+            shared.linger_soon();
         });
     }
 }
@@ -269,8 +292,23 @@ impl Drop for Claimed<'_> {
                 "the appending task was dropped while publishing",
             );
             let _ = self.shared.settle(self.serial, draft, Err(error));
+            self.shared.linger_soon();
         }
     }
+}
+
+/// Lets every task ready to run on this worker have a turn: woken by itself, a task goes
+/// to the back of its worker's queue.
+async fn a_turn() {
+    let mut turned = false;
+    std::future::poll_fn(|context| {
+        if std::mem::replace(&mut turned, true) {
+            return std::task::Poll::Ready(());
+        }
+        context.waker().wake_by_ref();
+        std::task::Poll::Pending
+    })
+    .await;
 }
 
 fn fenced(stream: &str) -> LogError {
@@ -348,6 +386,10 @@ pub async fn start(
                 mending: false,
                 queued: VecDeque::new(),
                 gathering: None,
+                returning: 0,
+                wait: None,
+                waits: 0,
+                lingering: false,
                 breaks: 0,
             }),
             room: Notify::new(),
@@ -401,9 +443,18 @@ struct Chain {
     /// Appends for the mender to publish, in order: its retries first.
     queued: VecDeque<Append>,
     /// With group commit: appends that came while [`Shared::eager`] publishes were in
-    /// flight, to go out as one message when one settles. Only while the chain is whole
-    /// and that full.
+    /// flight, to go out as one message when one settles. Only while the chain is whole.
     gathering: Option<Gathering>,
+    /// With group commit, once the window is down to [`Shared::eager`]: how many more
+    /// appends the gathering waits for (the records of the publish that settled) before it
+    /// goes out.
+    returning: usize,
+    /// While the gathering waits for them: the number of the wait, which ends when they
+    /// stop coming back (see [`Shared::linger`]), and whether a task sees to that. And how
+    /// many waits there have been.
+    wait: Option<u64>,
+    lingering: bool,
+    waits: u64,
     /// Breaks since an append last landed in order, for the mender's backoff.
     breaks: u32,
 }
@@ -637,6 +688,9 @@ impl Shared {
                     sequence: ack.sequence,
                     duplicate: ack.duplicate,
                 };
+                if self.spec.group_commit {
+                    chain.returning = draft.records.unwrap_or(1);
+                }
                 Ok(self.spec.offset(ack.sequence, 0))
             }
             Err(error) => {
@@ -662,7 +716,9 @@ impl Shared {
     /// Publishes what gathered as one message, at the next place in the window (which has
     /// room); a task of its own answers each record.
     fn flush(self: &Arc<Self>, chain: &mut Chain) {
-        let Some(gathering) = chain.gathering.take() else {
+        chain.returning = 0;
+        chain.wait = None;
+        let Some(gathering) = chain.gathering.take().filter(|g| !g.replies.is_empty()) else {
             return;
         };
         let (serial, expected) = chain.claim();
@@ -676,8 +732,10 @@ impl Shared {
                     draft: Some(draft),
                     ack: Some(ack),
                 };
+                let shared = Arc::clone(self);
                 self.runtime.spawn(async move {
                     answer_each(replies, in_flight.settled().await);
+                    shared.linger().await;
                 });
             }
             None => {
@@ -701,7 +759,8 @@ impl Shared {
 
     /// Moves `last` past the window's front while it landed where expected; at a front that
     /// did not, breaks the chain and gives it to a mender. What gathered goes out once the
-    /// window is down to [`Shared::eager`].
+    /// window is down to [`Shared::eager`] and the appenders the settled publish answered
+    /// have joined it, or have stopped coming (see [`Self::linger`]).
     fn advance(self: &Arc<Self>, chain: &mut Chain) {
         let was_full = chain.window.len() >= IN_FLIGHT;
         while let Some(front) = chain.window.front() {
@@ -730,7 +789,10 @@ impl Shared {
                         self.runtime.spawn(Arc::clone(self).mend());
                     }
                     // What gathered goes after the retries, before what queues from now.
-                    if let Some(gathering) = chain.gathering.take() {
+                    chain.wait = None;
+                    if let Some(gathering) = chain.gathering.take()
+                        && !gathering.replies.is_empty()
+                    {
                         chain.queued.push_back(gathering.into_append(&self.runtime));
                     }
                     // Appenders waiting for room queue for the mender instead.
@@ -739,11 +801,56 @@ impl Shared {
                 }
             }
         }
-        if chain.window.len() < self.eager && !chain.mending {
-            self.flush(chain);
+        // (A lone appender's record goes out on its own, at once, when it comes back.)
+        if chain.window.len() < self.eager
+            && !chain.mending
+            && chain.wait.is_none()
+            && (chain.gathering.is_some() || chain.returning > 1)
+        {
+            chain.gathering.get_or_insert_with(Gathering::new);
+            chain.waits += 1;
+            chain.wait = Some(chain.waits);
+            chain.lingering = false;
         }
         if was_full && chain.window.len() < IN_FLIGHT {
             self.room.notify_waiters();
+        }
+    }
+
+    /// Has a task see to the gathering's wait, unless one does (see [`Self::linger`]).
+    fn linger_soon(self: &Arc<Self>) {
+        let chain = self.chain();
+        if chain.wait.is_some() && !chain.lingering {
+            self.runtime.spawn(Arc::clone(self).linger());
+        }
+    }
+
+    /// Publishes what gathered once the appenders it waits for stop coming back: after a
+    /// turn of every task ready to run on this worker in which none joined it. Unless it
+    /// went out before (all came back, or it filled) or the chain broke. Awaited where the
+    /// appenders were answered, the first turn is theirs.
+    async fn linger(self: Arc<Self>) {
+        let (wait, mut returning) = {
+            let mut chain = self.chain();
+            match chain.wait {
+                Some(wait) if !chain.lingering => {
+                    chain.lingering = true;
+                    (wait, chain.returning)
+                }
+                _ => return,
+            }
+        };
+        loop {
+            a_turn().await;
+            let mut chain = self.chain();
+            if chain.wait != Some(wait) {
+                return;
+            }
+            if chain.returning == returning {
+                self.flush(&mut chain);
+                return;
+            }
+            returning = chain.returning;
         }
     }
 

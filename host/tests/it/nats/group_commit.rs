@@ -77,6 +77,25 @@ async fn appends_that_wait_share_a_message_and_each_lands_once_where_it_was_told
     );
 }
 
+/// Appenders that append again as soon as they are answered (as a host's keys do, a call
+/// after a call) go out together: a message waits for the appenders its predecessor
+/// answered, instead of two groups taking turns in half-full messages.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn appenders_answered_together_append_again_together() {
+    let server = NatsServers::single().expect("nats-server starts");
+    let log = Arc::new(open(&server.url(), true).await.expect("opens"));
+    let (tasks, each) = (8, 50);
+    for task in appending_tasks(&log, tasks, each, Duration::ZERO) {
+        assert_eq!(task.await.expect("task").len(), each as usize);
+    }
+    let messages = messages(&server.url()).await;
+    // Full messages are `each` and a few; messages taking turns are twice as many.
+    assert!(
+        messages < u64::from(each) * 3 / 2,
+        "{messages} messages for {tasks} appenders' {each} rounds"
+    );
+}
+
 /// The same appends on a stream without group commit: a message each, offsets one apart
 /// (after the fence).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
