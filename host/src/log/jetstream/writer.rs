@@ -238,20 +238,22 @@ pub struct InFlight {
 }
 
 impl InFlight {
-    async fn settled(mut self) -> Result<Offset, LogError> {
+    /// Where the append landed (or what the mender made of it); a gathering that its
+    /// settling left waiting is seen to by a task of its own.
+    async fn settled(self) -> Result<Offset, LogError> {
+        let shared = Arc::clone(&self.shared);
+        let recorded = self.recorded().await;
+        shared.linger_soon();
+        answer(recorded).await
+    }
+
+    /// Awaits the acknowledgement and records it (see [`Shared::settle`]), and no more: the
+    /// caller sees to a gathering the settling left waiting.
+    async fn recorded(mut self) -> Result<Offset, oneshot::Receiver<Result<Offset, LogError>>> {
         let result = self.ack.as_mut().expect("awaited once").await;
         self.ack = None;
         let draft = self.draft.take().expect("settled once");
-        // A message of several records lingers where its records are answered (`flush`).
-        let gathered = draft.records.is_some();
-        let settled = self.shared.settle(self.serial, draft, result);
-        if !gathered {
-            self.shared.linger_soon();
-        }
-        match settled {
-            Ok(offset) => Ok(offset),
-            Err(retried) => retried.await.unwrap_or(Err(LogError::Closed)),
-        }
+        self.shared.settle(self.serial, draft, result)
     }
 }
 
@@ -294,6 +296,16 @@ impl Drop for Claimed<'_> {
             let _ = self.shared.settle(self.serial, draft, Err(error));
             self.shared.linger_soon();
         }
+    }
+}
+
+/// What an append came to: where it landed, or the mender's answer.
+async fn answer(
+    recorded: Result<Offset, oneshot::Receiver<Result<Offset, LogError>>>,
+) -> Result<Offset, LogError> {
+    match recorded {
+        Ok(offset) => Ok(offset),
+        Err(retried) => retried.await.unwrap_or(Err(LogError::Closed)),
     }
 }
 
@@ -732,9 +744,12 @@ impl Shared {
                     draft: Some(draft),
                     ack: Some(ack),
                 };
+                // Its records' appenders are answered before the wait their return ends
+                // begins, in this task: the wait's first turn is theirs.
                 let shared = Arc::clone(self);
                 self.runtime.spawn(async move {
-                    answer_each(replies, in_flight.settled().await);
+                    let recorded = in_flight.recorded().await;
+                    answer_each(replies, answer(recorded).await);
                     shared.linger().await;
                 });
             }

@@ -96,6 +96,45 @@ async fn appenders_answered_together_append_again_together() {
     );
 }
 
+/// Many appenders, stopping at different times, while the server restarts: every append
+/// is answered and lands once (what gathered at the break goes out with the mender's
+/// retries, and the waits after it end whether or not its appenders append again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn appenders_that_stop_at_different_times_are_all_answered_across_a_restart() {
+    let mut server = NatsServers::single().expect("nats-server starts");
+    let log = Arc::new(open(&server.url(), true).await.expect("opens"));
+    let tasks: Vec<_> = (0..16u32)
+        .map(|task| {
+            let log = Arc::clone(&log);
+            tokio::spawn(async move {
+                for i in 0..100 + 20 * task {
+                    let payload = format!("{task}-{i}").into_bytes();
+                    log.append(0, payload)
+                        .await
+                        .unwrap_or_else(|e| panic!("append {task}-{i}: {e}"));
+                    if i % 10 == 9 {
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                    }
+                }
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    tokio::task::block_in_place(|| server.restart(0)).expect("nats-server restarts");
+    tokio::time::timeout(Duration::from_secs(60), async {
+        for task in tasks {
+            task.await.expect("task");
+        }
+    })
+    .await
+    .expect("every append is answered");
+    let records = everything(&*log).await;
+    let expected: usize = (0..16).map(|task| 100 + 20 * task).sum();
+    assert_eq!(records.len(), expected, "as many records as appends");
+    let distinct: BTreeSet<Vec<u8>> = records.into_iter().map(|(_, payload)| payload).collect();
+    assert_eq!(distinct.len(), expected, "each append lands once");
+}
+
 /// The same appends on a stream without group commit: a message each, offsets one apart
 /// (after the fence).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
