@@ -834,6 +834,9 @@ impl Shared {
 
     /// Has a task see to the gathering's wait, unless one does (see [`Self::linger`]).
     fn linger_soon(self: &Arc<Self>) {
+        if !self.spec.group_commit {
+            return;
+        }
         let chain = self.chain();
         if chain.wait.is_some() && !chain.lingering {
             self.runtime.spawn(Arc::clone(self).linger());
