@@ -23,7 +23,7 @@ use super::Layout;
 use crate::agent::Retention;
 use crate::agent::input::{InputLine, LineError, parse_line};
 use crate::checkpoint::Checkpoint;
-use crate::log::jetstream::retrying;
+use crate::log::jetstream::ensure_stream;
 use crate::store::KeyScope;
 
 /// Whether `name` can be a subject token: letters, digits, `-` and `_`.
@@ -57,11 +57,7 @@ impl Layout {
                 num_replicas: self.replicas,
                 ..stream::Config::default()
             };
-            retrying(
-                &format!("creating {}", self.input_stream(partition)),
-                || context.get_or_create_stream(config.clone()),
-            )
-            .await?;
+            ensure_stream(context, &config).await?;
         }
         Ok(())
     }

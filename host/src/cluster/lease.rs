@@ -23,6 +23,7 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
 use crate::log::Authority;
+use crate::log::jetstream::ensure_stream;
 
 /// What a lease key holds.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -96,10 +97,9 @@ impl Leases {
             num_replicas: replicas,
             ..stream::Config::default()
         };
-        context
-            .get_or_create_stream(config)
+        ensure_stream(context, &config)
             .await
-            .map_err(|e| anyhow::anyhow!("creating the lease bucket {bucket}: {e}"))?;
+            .map_err(|e| anyhow::anyhow!("making the lease bucket {bucket}: {e}"))?;
         let kv = context
             .get_key_value(bucket)
             .await

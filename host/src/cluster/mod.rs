@@ -83,6 +83,21 @@ impl Layout {
         serde_json::from_slice(&layout).context("the recorded layout")
     }
 
+    /// What a host does as it starts, before it takes any partition: opens the lease bucket
+    /// (as `host`, with leases of `ttl`), records this layout or checks it against the one
+    /// recorded, and makes the input streams. Any number of hosts may do this at once.
+    pub async fn join(
+        &self,
+        context: &jetstream::Context,
+        host: &str,
+        ttl: Duration,
+    ) -> anyhow::Result<Leases> {
+        let leases = Leases::open(context, &self.lease_bucket(), self.replicas, host, ttl).await?;
+        self.agree(leases.store()).await?;
+        self.create_input_streams(context).await?;
+        Ok(leases)
+    }
+
     /// Records the layout in the lease bucket when it is the first, or checks that it is
     /// the one recorded: hosts that disagree on the partitions would split keys apart.
     async fn agree(&self, leases: &kv::Store) -> anyhow::Result<()> {
@@ -165,16 +180,9 @@ pub async fn run_host(
     // Requests to a stream whose server just died wait this long for nothing; every
     // request here is retried, so a short wait moves on sooner.
     context.set_timeout(REQUEST_TIMEOUT);
-    let mut leases = Leases::open(
-        &context,
-        &layout.lease_bucket(),
-        layout.replicas,
-        &options.host,
-        options.lease_ttl,
-    )
-    .await?;
-    layout.agree(leases.store()).await?;
-    layout.create_input_streams(&context).await?;
+    let mut leases = layout
+        .join(&context, &options.host, options.lease_ttl)
+        .await?;
     let partition = PartitionContext {
         context,
         layout: layout.clone(),

@@ -76,6 +76,25 @@ pub enum LogError {
         opened = if *group_commit { "without" } else { "with" },
     )]
     StreamMade { stream: String, group_commit: bool },
+    #[error(
+        "stream {stream} exists with {field} {found}, where this host asks for {wanted}: it \
+         was made by another configuration (delete it, or start with the one that made it)"
+    )]
+    StreamConflict {
+        stream: String,
+        field: &'static str,
+        wanted: String,
+        found: String,
+    },
+    #[error(
+        "stream {stream} cannot be made: its subject {subject} belongs to stream {holder} \
+         (use another prefix, or delete {holder})"
+    )]
+    SubjectsTaken {
+        stream: String,
+        subject: String,
+        holder: String,
+    },
 }
 
 /// An append-only, partitioned, durable log.

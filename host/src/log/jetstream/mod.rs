@@ -50,7 +50,10 @@ use futures_util::StreamExt;
 
 use super::{Log, LogError, Offset, Record};
 
+mod streams;
 mod writer;
+
+pub(crate) use streams::ensure_stream;
 
 pub use writer::IN_FLIGHT;
 
@@ -389,10 +392,7 @@ impl JetStreamLog {
                 description: Some(spec.description().to_owned()),
                 ..stream::Config::default()
             };
-            let stream = retrying(&format!("creating stream {}", spec.name), || {
-                context.get_or_create_stream(config.clone())
-            })
-            .await?;
+            let stream = ensure_stream(&context, &config).await?;
             // A stream made before streams said how, or by hand, is without.
             let made_with =
                 stream.cached_info().config.description.as_deref() == Some(WITH_GROUP_COMMIT);

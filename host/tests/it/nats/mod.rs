@@ -157,6 +157,7 @@ mod store {
 mod cluster;
 mod group_commit;
 mod leases;
+mod startup;
 
 /// The fencing tests on streams of one record per message, and on streams with group
 /// commit (records that wait for a publish share the next message): the same file, which
