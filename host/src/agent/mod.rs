@@ -17,7 +17,9 @@ pub use config::{
     FunctionKind, StateConfig,
 };
 pub use output::{JsonlSink, OutputSink, OutputWriter, WrittenIds};
-pub use scheduler::{Checkpointing, Progress, Retention, RunOptions, Summary, run_inputs};
+pub use scheduler::{
+    BlockedInputs, Checkpointing, Progress, Retention, RunOptions, Summary, run_inputs,
+};
 
 use crate::durable::digest::{input_trigger, sent_trigger};
 use crate::durable::{CallPolicy, CallStats, DurableCalls};

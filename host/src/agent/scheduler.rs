@@ -35,8 +35,10 @@ pub struct Summary {
     /// Lines that were not valid inputs, with why.
     pub malformed: Vec<LineError>,
     pub completed: u64,
-    /// Inputs that did not complete, with why.
+    /// Inputs that ran and did not complete, with why.
     pub failed: Vec<InputError>,
+    /// Per key with a failed input: its later inputs, which were not run.
+    pub blocked: BTreeMap<String, BlockedInputs>,
     /// Outputs written.
     pub outputs: u64,
     /// Outputs dropped because their id had been written already.
@@ -47,6 +49,30 @@ pub struct Summary {
     pub reapplied: u64,
     pub calls: CallStats,
     pub elapsed: Duration,
+}
+
+/// The inputs of one key that wait behind its input that failed: not run, still pending,
+/// so a run from the checkpoint runs the failed one and then them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockedInputs {
+    /// The sequence of the input that failed.
+    pub behind: u64,
+    /// How many inputs wait, and the first and last of their sequences.
+    pub inputs: u64,
+    pub first: u64,
+    pub last: u64,
+}
+
+impl Summary {
+    /// Inputs not run because an earlier input of their key failed.
+    pub fn blocked_inputs(&self) -> u64 {
+        self.blocked.values().map(|b| b.inputs).sum()
+    }
+
+    /// Whether every input accepted completed and every line was an input.
+    pub fn all_completed(&self) -> bool {
+        self.failed.is_empty() && self.blocked.is_empty() && self.malformed.is_empty()
+    }
 }
 
 /// How a run takes checkpoints (DESIGN.md, "Checkpoints and recovery").
@@ -101,9 +127,21 @@ struct Tracker {
     keys: HashMap<String, (u64, u64)>,
     /// Accepted and not complete, by (key, sequence).
     pending: BTreeMap<(String, u64), PendingInput>,
+    /// Of `pending`, those that failed or wait behind one that failed: they hold no worker
+    /// and are not run again in this run, so they do not count against intake.
+    stalled: usize,
 }
 
-/// Inputs accepted but not complete at once; intake waits beyond this.
+impl Tracker {
+    /// Accepted inputs that are queued or running.
+    fn in_flight(&self) -> usize {
+        self.pending.len() - self.stalled
+    }
+}
+
+/// Inputs queued or running at once, per unit of parallelism; intake waits beyond this.
+/// Inputs that failed, or wait behind one that did, do not count: a failed key must not
+/// stop the others.
 const IN_FLIGHT_PER_KEY_SLOT: usize = 64;
 
 /// Processes `lines` through `agent`, writing outputs to `sink` as inputs complete.
@@ -116,8 +154,10 @@ const IN_FLIGHT_PER_KEY_SLOT: usize = 64;
 ///
 /// Inputs of one key run one at a time in file order, and the n-th input of a key gets
 /// sequence n; up to the agent's `parallelism` keys run at once. When an input fails, the
-/// later inputs of its key are not run (they are reported as [`InputError::Blocked`]), so
-/// that no input runs on top of a key whose earlier input did not complete.
+/// later inputs of its key are not run (they are counted in [`Summary::blocked`]), so that
+/// no input runs on top of a key whose earlier input did not complete; every other key goes
+/// on, and `lines` is read to its end. Failed and blocked inputs stay pending: a run that
+/// resumes from a checkpoint runs them again, in order.
 ///
 /// With `options.resume`, the checkpoint's keys and memory are restored, its pending inputs
 /// run first, and `lines` resume after its input position. With `options.checkpointing`,
@@ -154,7 +194,7 @@ pub async fn run_inputs<S: OutputSink>(
     let max_in_flight = agent.parallelism() * IN_FLIGHT_PER_KEY_SLOT;
     let mut lines = lines;
     loop {
-        let intake = run.tracker.pending.len() < max_in_flight;
+        let intake = run.tracker.in_flight() < max_in_flight;
         let due = run.checkpoint_time();
         let next = tokio::select! {
             biased;
@@ -517,6 +557,29 @@ impl<S: OutputSink> Run<'_, S> {
         summary.calls += report.calls;
         let completed = report.error.is_none();
         match report.error {
+            Some(InputError::Blocked {
+                key,
+                sequence,
+                failed,
+            }) => {
+                // Stays pending, behind the input that failed: one line for the key in the
+                // summary, not one per input.
+                self.tracker.stalled += 1;
+                summary
+                    .blocked
+                    .entry(key)
+                    .and_modify(|b| {
+                        b.inputs += 1;
+                        b.first = b.first.min(sequence);
+                        b.last = b.last.max(sequence);
+                    })
+                    .or_insert(BlockedInputs {
+                        behind: failed,
+                        inputs: 1,
+                        first: sequence,
+                        last: sequence,
+                    });
+            }
             None => {
                 summary.completed += 1;
                 // Inputs of a key complete in order, so this is the key's last completed.
@@ -529,6 +592,7 @@ impl<S: OutputSink> Run<'_, S> {
             }
             Some(error) => {
                 // It stays pending: a recovery runs it again.
+                self.tracker.stalled += 1;
                 tracing::error!(key = %input.key, sequence = input.sequence, "input failed: {error}");
                 summary.failed.push(error);
             }

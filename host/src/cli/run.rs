@@ -113,13 +113,11 @@ pub async fn run(args: RunArgs, sandbox: Sandbox) -> anyhow::Result<ExitCode> {
     bar.finish_and_clear();
     let summary = summary.context("writing the outputs")?;
     print_summary(&summary);
-    Ok(
-        if summary.failed.is_empty() && summary.malformed.is_empty() {
-            ExitCode::SUCCESS
-        } else {
-            ExitCode::FAILURE
-        },
-    )
+    Ok(if summary.all_completed() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
 }
 
 /// Fails with one clear message when a function's endpoint does not accept connections.
@@ -147,10 +145,12 @@ async fn preflight(agent: &Agent) -> anyhow::Result<()> {
 
 fn print_summary(summary: &Summary) {
     eprintln!(
-        "inputs: {} accepted, {} completed, {} failed, {} malformed lines",
+        "inputs: {} accepted, {} completed, {} failed, {} blocked behind a failed input, {} \
+         malformed lines",
         summary.inputs,
         summary.completed,
         summary.failed.len(),
+        summary.blocked_inputs(),
         summary.malformed.len()
     );
     eprintln!(
@@ -176,5 +176,26 @@ fn print_summary(summary: &Summary) {
     }
     for error in summary.failed.iter().take(10) {
         eprintln!("failed: {error}");
+    }
+    if summary.failed.len() > 10 {
+        eprintln!("failed: {} more inputs", summary.failed.len() - 10);
+    }
+    for (key, blocked) in summary.blocked.iter().take(10) {
+        let which = if blocked.inputs == 1 {
+            format!("1 input (#{})", blocked.first)
+        } else {
+            format!(
+                "{} inputs (#{} to #{})",
+                blocked.inputs, blocked.first, blocked.last
+            )
+        };
+        eprintln!(
+            "blocked: {key}: {which} not run, because #{} of this key failed first (inputs of \
+             a key run in order); running the same command again retries them",
+            blocked.behind
+        );
+    }
+    if summary.blocked.len() > 10 {
+        eprintln!("blocked: {} more keys", summary.blocked.len() - 10);
     }
 }

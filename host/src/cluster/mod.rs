@@ -395,6 +395,7 @@ async fn stop(run: Running) -> bool {
                 partition = number,
                 completed = summary.completed,
                 failed = summary.failed.len(),
+                blocked = summary.blocked_inputs(),
                 "partition stopped"
             );
             true

@@ -7,7 +7,9 @@ use serde_json::Value;
 
 use crate::support::{guest, guests_dir, workspace_root};
 
-fn rewind(dir: &Path) -> Command {
+mod blocked;
+
+pub(super) fn rewind(dir: &Path) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_rewind"));
     command
         .current_dir(dir)
@@ -17,17 +19,17 @@ fn rewind(dir: &Path) -> Command {
     command
 }
 
-fn text(bytes: &[u8]) -> String {
+pub(super) fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
-fn write(dir: &Path, name: &str, content: &str) -> PathBuf {
+pub(super) fn write(dir: &Path, name: &str, content: &str) -> PathBuf {
     let path = dir.join(name);
     std::fs::write(&path, content).expect("write");
     path
 }
 
-fn caller_agent(dir: &Path, extra: &str) -> PathBuf {
+pub(super) fn caller_agent(dir: &Path, extra: &str) -> PathBuf {
     write(
         dir,
         "agent.toml",
@@ -62,7 +64,9 @@ fn malformed_input_lines_are_reported_by_line_number_and_the_run_goes_on() {
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("line 2"), "{stderr}");
     assert!(
-        stderr.contains("2 accepted, 2 completed, 0 failed, 1 malformed"),
+        stderr.contains(
+            "2 accepted, 2 completed, 0 failed, 0 blocked behind a failed input, 1 malformed"
+        ),
         "{stderr}"
     );
     assert_eq!(
