@@ -35,7 +35,8 @@ pub async fn inspect(args: InspectArgs) -> anyhow::Result<ExitCode> {
             args.state.display()
         );
     };
-    // Strict: inspecting cuts nothing, even if the run that wrote it is still going.
+    // Read only, without the directory's lock: inspecting changes nothing, and works while
+    // the run that writes it is still going (it shows the log as it was at open).
     let config = StateConfig {
         partitions,
         ..StateConfig::default()
@@ -43,7 +44,7 @@ pub async fn inspect(args: InspectArgs) -> anyhow::Result<ExitCode> {
     let recovered = state::recover(
         &args.state,
         &config,
-        Recovery::Strict,
+        Recovery::ReadOnly,
         state::Load::WholeLog,
     )
     .await?;

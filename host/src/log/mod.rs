@@ -62,6 +62,8 @@ pub enum LogError {
     },
     #[error("the log is closed")]
     Closed,
+    #[error("{path} is open to read only")]
+    ReadOnly { path: String },
     #[error(
         "{stream}: fenced: another host holds this partition now, and this one may no longer \
          write to it"

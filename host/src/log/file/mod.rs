@@ -35,6 +35,13 @@ pub enum Recovery {
     TruncateTornTail,
     /// Refuse to open.
     Strict,
+    /// Open to read, changing nothing: nothing is created or cut (a torn tail, a record
+    /// another process is writing now, is left out), the commit journal is not replayed,
+    /// and appends and deletes fail with [`LogError::ReadOnly`]. Reads see each partition
+    /// as it was at open. For a log another process may be writing (`rewind inspect`).
+    /// Records that only the commit journal holds (after a power loss, until a writer
+    /// opens the log again) are not seen.
+    ReadOnly,
 }
 
 /// How a [`FileLog`] is opened.
@@ -86,7 +93,8 @@ impl Shared {
 #[derive(Debug)]
 pub struct FileLog {
     shared: Arc<Shared>,
-    writer: writer::Writer,
+    /// `None` for a log opened to read only.
+    writer: Option<writer::Writer>,
 }
 
 impl FileLog {
@@ -94,15 +102,29 @@ impl FileLog {
     /// partition as `options.recovery` says. The report says what recovery dropped.
     pub fn open(dir: &Path, options: FileLogOptions) -> Result<(Self, OpenReport), LogError> {
         let (mut partitions, mut report) = recovery::open(dir, options)?;
-        let (journal, replay) = journal::open(dir, &mut partitions)?;
-        report.journal = replay;
+        let journal = if options.recovery == Recovery::ReadOnly {
+            None
+        } else {
+            let (journal, replay) = journal::open(dir, &mut partitions)?;
+            report.journal = replay;
+            Some(journal)
+        };
         let shared = Arc::new(Shared {
             dir: dir.to_owned(),
             options,
             partitions: partitions.into_iter().map(Mutex::new).collect(),
         });
-        let writer = writer::Writer::start(Arc::clone(&shared), journal)?;
+        let writer = match journal {
+            Some(journal) => Some(writer::Writer::start(Arc::clone(&shared), journal)?),
+            None => None,
+        };
         Ok((Self { shared, writer }, report))
+    }
+
+    fn writer(&self) -> Result<&writer::Writer, LogError> {
+        self.writer.as_ref().ok_or_else(|| LogError::ReadOnly {
+            path: self.shared.dir.display().to_string(),
+        })
     }
 
     /// The partition count of the log in `dir`, or `None` when there is no log there.
@@ -130,7 +152,7 @@ impl Log for FileLog {
         }
         // Fails here, not in the writer thread, when the partition does not exist.
         drop(self.shared.partition(partition)?);
-        self.writer.append(partition, payload).await
+        self.writer()?.append(partition, payload).await
     }
 
     async fn append_many(&self, records: Vec<(u32, Vec<u8>)>) -> Result<Vec<Offset>, LogError> {
@@ -143,7 +165,7 @@ impl Log for FileLog {
             }
             drop(self.shared.partition(*partition)?);
         }
-        self.writer.append_many(records).await
+        self.writer()?.append_many(records).await
     }
 
     async fn read(
@@ -170,6 +192,7 @@ impl Log for FileLog {
     }
 
     async fn delete_below(&self, partition: u32, offset: Offset) -> Result<(), LogError> {
+        self.writer()?;
         self.shared.partition(partition)?.delete_below(offset)
     }
 }

@@ -55,7 +55,16 @@ pub(super) fn open(
     dir: &Path,
     options: FileLogOptions,
 ) -> Result<(Vec<Partition>, OpenReport), LogError> {
-    std::fs::create_dir_all(dir).map_err(io(format!("creating {}", dir.display())))?;
+    if options.recovery == Recovery::ReadOnly {
+        if partitions_in(dir)?.is_none() {
+            return Err(LogError::Corrupt {
+                path: dir.display().to_string(),
+                message: "no log here".to_owned(),
+            });
+        }
+    } else {
+        std::fs::create_dir_all(dir).map_err(io(format!("creating {}", dir.display())))?;
+    }
     check_format(dir, options.partitions)?;
     // Partitions are scanned at once, on threads of their own: opening reads every byte.
     let opened: Vec<Result<(Partition, OpenReport), LogError>> = std::thread::scope(|scope| {
@@ -158,7 +167,24 @@ fn open_partition(
     report: &mut OpenReport,
 ) -> Result<Partition, LogError> {
     let pdir = dir.join(format!("p{partition:04}"));
+    let read_only = recovery == Recovery::ReadOnly;
+    // A partition with nothing on disk yet, as a reader sees it: one empty segment.
+    let empty = |pdir: PathBuf, active| Partition {
+        segments: vec![Segment {
+            base: 0,
+            path: segment_path(&pdir, 0),
+            positions: Vec::new(),
+            size: 0,
+        }],
+        dir: pdir,
+        active,
+        durable_end: 0,
+        broken: None,
+    };
     if !pdir.exists() {
+        if read_only {
+            return Ok(empty(pdir, None));
+        }
         std::fs::create_dir_all(&pdir).map_err(io(format!("creating {}", pdir.display())))?;
         sync_dir(dir)?;
     }
@@ -176,20 +202,11 @@ fn open_partition(
     }
     bases.sort_unstable();
     if bases.is_empty() {
-        let path = segment_path(&pdir, 0);
-        let active = create_segment(&pdir, &path)?;
-        return Ok(Partition {
-            dir: pdir,
-            segments: vec![Segment {
-                base: 0,
-                path,
-                positions: Vec::new(),
-                size: 0,
-            }],
-            active,
-            durable_end: 0,
-            broken: None,
-        });
+        if read_only {
+            return Ok(empty(pdir, None));
+        }
+        let active = create_segment(&pdir, &segment_path(&pdir, 0))?;
+        return Ok(empty(pdir, Some(active)));
     }
 
     let mut segments: Vec<Segment> = Vec::new();
@@ -211,11 +228,17 @@ fn open_partition(
         segments.push(scan(partition, base, path, last, recovery, report)?);
     }
     let active_path = &segments[segments.len() - 1].path;
-    let active = File::options()
-        .append(true)
-        .read(true)
-        .open(active_path)
-        .map_err(io(format!("opening {}", active_path.display())))?;
+    let active = if read_only {
+        None
+    } else {
+        Some(
+            File::options()
+                .append(true)
+                .read(true)
+                .open(active_path)
+                .map_err(io(format!("opening {}", active_path.display())))?,
+        )
+    };
     let durable_end = segments[segments.len() - 1].end();
     Ok(Partition {
         dir: pdir,
@@ -249,6 +272,8 @@ fn scan(
             Decoded::Corrupt(why) => break Some(why),
         }
     };
+    // A reader leaves a torn tail where it is: it may be a record being written now.
+    let problem = problem.filter(|_| !(last && recovery == Recovery::ReadOnly));
     if let Some(reason) = problem {
         if !last || recovery == Recovery::Strict {
             return Err(LogError::Corrupt {

@@ -35,7 +35,8 @@ pub(super) struct Partition {
     pub dir: PathBuf,
     /// Oldest first; never empty. The last one is being appended to.
     pub segments: Vec<Segment>,
-    pub active: File,
+    /// The last segment, open to append; `None` in a log opened to read only.
+    pub active: Option<File>,
     /// Offsets below this are synced to disk.
     pub durable_end: Offset,
     /// Set when a write or sync failed in a way that leaves the file's state unknown.
@@ -43,6 +44,14 @@ pub(super) struct Partition {
 }
 
 impl Partition {
+    /// The file appends go to; an error in a log opened to read only.
+    fn active_file(&mut self) -> Result<&mut File, LogError> {
+        let dir = &self.dir;
+        self.active.as_mut().ok_or_else(|| LogError::ReadOnly {
+            path: dir.display().to_string(),
+        })
+    }
+
     pub fn start(&self) -> Offset {
         self.segments.first().map_or(0, |s| s.base)
     }
@@ -75,14 +84,15 @@ impl Partition {
             self.roll()?;
         }
         let position = self.active_segment().size;
+        let active = self.active_file()?;
         crash::reached_then(CrashPoint::TornWrite, || {
-            let _ = self.active.write_all(&frame[..frame.len() / 2]);
-            let _ = self.active.sync_data();
+            let _ = active.write_all(&frame[..frame.len() / 2]);
+            let _ = active.sync_data();
         });
-        if let Err(source) = self.active.write_all(frame) {
+        if let Err(source) = active.write_all(frame) {
             // Cut what part of the frame reached the file, so that the next record starts at
             // a record boundary; if even that fails, stop taking writes.
-            if let Err(e) = self.active.set_len(position) {
+            if let Err(e) = active.set_len(position) {
                 self.broken = Some(format!("could not cut a failed write: {e}"));
             }
             return Err(LogError::Io {
@@ -99,7 +109,7 @@ impl Partition {
 
     /// Makes everything written so far durable.
     pub fn sync(&mut self) -> Result<(), LogError> {
-        match self.active.sync_data() {
+        match self.active_file()?.sync_data() {
             Ok(()) => {
                 self.durable_end = self.next_offset();
                 Ok(())
@@ -134,7 +144,7 @@ impl Partition {
             positions: Vec::new(),
             size: 0,
         });
-        self.active = file;
+        self.active = Some(file);
         Ok(())
     }
 
