@@ -104,7 +104,11 @@ async fn open_store(
     group_commit: bool,
 ) -> Arc<dyn ActionStateStore> {
     let log = fenced_log(context, prefix, replicas, group_commit).await;
-    Arc::new(LogStore::new(log, MarkerStrategy::Offsets))
+    Arc::new(LogStore::new(
+        log,
+        MarkerStrategy::Offsets,
+        rewind_host::store::Incarnation::random(),
+    ))
 }
 
 /// The mean size of the states a store wrote to `log`'s partitions.
@@ -133,6 +137,7 @@ async fn state_sizes(functions: &Arc<Functions>) -> (usize, usize) {
         let store: Arc<dyn ActionStateStore> = Arc::new(LogStore::new(
             Arc::clone(&log) as Arc<dyn Log>,
             MarkerStrategy::Offsets,
+            rewind_host::store::Incarnation::random(),
         ));
         if calls == 1 {
             let state = ActionState::new(key("one", 0), Event::new("input", "{}"));

@@ -38,8 +38,11 @@ async fn live_call_and_fdatasync(
     functions: &Arc<Functions>,
     samples: usize,
 ) -> (Duration, Duration) {
-    let store: Arc<dyn ActionStateStore> =
-        Arc::new(LogStore::new(open(dir, 8), MarkerStrategy::Offsets));
+    let store: Arc<dyn ActionStateStore> = Arc::new(LogStore::new(
+        open(dir, 8),
+        MarkerStrategy::Offsets,
+        rewind_host::store::Incarnation::random(),
+    ));
     let mut file = std::fs::File::create(dir.join("fdatasync")).expect("create");
     let block = [7u8; 1024];
     let (mut calls, mut syncs) = (Vec::with_capacity(samples), Vec::with_capacity(samples));
@@ -63,8 +66,11 @@ async fn live_call_and_fdatasync(
 }
 
 async fn throughput_64_keys(dir: &Path, functions: &Arc<Functions>, per_key: u64) -> f64 {
-    let store: Arc<dyn ActionStateStore> =
-        Arc::new(LogStore::new(open(dir, 8), MarkerStrategy::Offsets));
+    let store: Arc<dyn ActionStateStore> = Arc::new(LogStore::new(
+        open(dir, 8),
+        MarkerStrategy::Offsets,
+        rewind_host::store::Incarnation::random(),
+    ));
     calls_per_second_64_keys(&store, functions, per_key).await
 }
 
@@ -151,7 +157,7 @@ fn main() {
                 }
                 let dir = root.join(format!("checkpoint-{states}-{strategy:?}"));
                 let log = open(&dir, 8);
-                let store = Arc::new(LogStore::new(Arc::clone(&log), strategy));
+                let store = Arc::new(LogStore::new(Arc::clone(&log), strategy, rewind_host::store::Incarnation::random()));
                 fill(&store, states).await;
                 let before = dir_bytes(&dir);
                 let started = Instant::now();
@@ -172,7 +178,7 @@ fn main() {
                     let started = Instant::now();
                     let log = open(&dir, 8);
                     let opened = started.elapsed();
-                    let recovered = LogStore::new(Arc::clone(&log), strategy);
+                    let recovered = LogStore::new(Arc::clone(&log), strategy, rewind_host::store::Incarnation::random());
                     recovered.rebuild(&marker).await.expect("rebuild");
                     let took = started.elapsed();
                     let count: usize = recovered.scopes().iter().map(|s| recovered.states(s).len()).sum();

@@ -14,7 +14,8 @@
 //! - [`store`]: action states, the store trait, the in-memory and log-backed stores;
 //! - [`log`]: the partitioned durable log (in memory, the embedded file log, JetStream);
 //! - [`event`]: events, inputs and outputs;
-//! - [`crash`]: crash points at the durable boundaries, for tests that kill the process.
+//! - [`crash`]: crash points at the durable boundaries, for tests that kill the process;
+//! - [`state_dir`]: a directory that holds state: one writer at a time, and its incarnation.
 
 pub mod agent;
 pub mod checkpoint;
@@ -26,5 +27,6 @@ pub mod functions;
 pub mod log;
 pub mod sandbox;
 pub mod server;
+pub mod state_dir;
 pub mod store;
 pub mod testing;

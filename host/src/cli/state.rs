@@ -10,10 +10,13 @@ use rewind_host::checkpoint::{
     Checkpoint, CheckpointStore, FileCheckpoints, log_start, recover_store,
 };
 use rewind_host::log::{FileLog, FileLogOptions, Log, Recovery};
-use rewind_host::store::{ActionStateStore, LogStore};
+use rewind_host::state_dir::{StateDir, read_incarnation};
+use rewind_host::store::{ActionStateStore, Incarnation, LogStore};
 
 /// What recovery found in a state directory.
 pub struct Recovered {
+    /// Held while the directory is written; `None` for a reader.
+    pub _held: Option<StateDir>,
     pub log: Arc<dyn Log>,
     pub store: Arc<LogStore>,
     pub checkpoints: Arc<FileCheckpoints>,
@@ -35,7 +38,8 @@ pub enum Load<'a> {
     /// checkpoint yet), then the states of inputs the checkpoint counts as complete pruned
     /// again (the marker can reach back past them), for this agent.
     Recovery { agent: &'a str },
-    /// Everything the log still holds, for inspection.
+    /// Everything the log still holds, for inspection: read without taking the directory's
+    /// lock, and without writing to it.
     WholeLog,
 }
 
@@ -47,6 +51,18 @@ pub async fn recover(
     load: Load<'_>,
 ) -> anyhow::Result<Recovered> {
     let (partitions, strategy) = (config.partitions, config.marker);
+    // A writer holds the directory for as long as it runs; a reader reads what is there.
+    let (held, incarnation) = match load {
+        Load::Recovery { .. } => {
+            let held = StateDir::open(state)?;
+            let incarnation = held.incarnation();
+            (Some(held), incarnation)
+        }
+        Load::WholeLog => (
+            None,
+            read_incarnation(state)?.unwrap_or_else(Incarnation::random),
+        ),
+    };
     let dir = log_dir(state);
     let options = FileLogOptions {
         partitions,
@@ -78,7 +94,8 @@ pub async fn recover(
     let checkpoints = Arc::new(FileCheckpoints::new(checkpoints_dir(state)));
     let latest = checkpoints.latest().await?;
     let store = Arc::new(
-        LogStore::new(Arc::clone(&log), strategy).with_refresh_batch(config.refresh_batch),
+        LogStore::new(Arc::clone(&log), strategy, incarnation)
+            .with_refresh_batch(config.refresh_batch),
     );
     let context = || match &latest {
         Some(c) => format!("recovering from checkpoint {} in {}", c.id, state.display()),
@@ -96,6 +113,7 @@ pub async fn recover(
         }
     }
     Ok(Recovered {
+        _held: held,
         log,
         store,
         checkpoints,

@@ -32,6 +32,7 @@ use tokio::task::JoinHandle;
 
 use crate::agent::{AgentFile, Summary};
 use crate::sandbox::Sandbox;
+use crate::store::Incarnation;
 use lease::{Lease, Leases, Renewal};
 pub use partition::PartitionContext;
 
@@ -86,40 +87,77 @@ impl Layout {
     /// What a host does as it starts, before it takes any partition: opens the lease bucket
     /// (as `host`, with leases of `ttl`), records this layout or checks it against the one
     /// recorded, and makes the input streams. Any number of hosts may do this at once.
+    ///
+    /// Returns the leases and the cluster's incarnation, made by its first host.
     pub async fn join(
         &self,
         context: &jetstream::Context,
         host: &str,
         ttl: Duration,
-    ) -> anyhow::Result<Leases> {
+    ) -> anyhow::Result<(Leases, Incarnation)> {
         let leases = Leases::open(context, &self.lease_bucket(), self.replicas, host, ttl).await?;
-        self.agree(leases.store()).await?;
+        let incarnation = self.agree(leases.store()).await?;
         self.create_input_streams(context).await?;
-        Ok(leases)
+        Ok((leases, incarnation))
     }
 
-    /// Records the layout in the lease bucket when it is the first, or checks that it is
-    /// the one recorded: hosts that disagree on the partitions would split keys apart.
-    async fn agree(&self, leases: &kv::Store) -> anyhow::Result<()> {
-        let mine = Bytes::from(serde_json::to_vec(self)?);
+    /// Records the layout in the lease bucket when it is the first, with a new incarnation
+    /// for the cluster, or checks that it is the one recorded: hosts that disagree on the
+    /// partitions would split keys apart. Returns the cluster's incarnation.
+    async fn agree(&self, leases: &kv::Store) -> anyhow::Result<Incarnation> {
+        let record = |layout: &Layout| -> anyhow::Result<(Bytes, Incarnation)> {
+            let incarnation = Incarnation::random();
+            let recorded = Recorded {
+                layout: layout.clone(),
+                incarnation: Some(incarnation),
+            };
+            Ok((Bytes::from(serde_json::to_vec(&recorded)?), incarnation))
+        };
+        let (mine, incarnation) = record(self)?;
         if leases.create("layout", mine).await.is_ok() {
-            return Ok(());
+            return Ok(incarnation);
         }
-        let recorded = leases
-            .get("layout")
-            .await?
-            .context("the lease bucket has no layout")?;
-        let recorded: Layout = serde_json::from_slice(&recorded).context("the recorded layout")?;
-        anyhow::ensure!(
-            &recorded == self,
-            "the cluster `{}` has {}; this host was started with {}: start it with the \
-             cluster's",
-            self.prefix,
-            recorded.describe(),
-            self.describe(),
-        );
-        Ok(())
+        // A layout recorded before clusters had an incarnation gets one, by the one host
+        // whose compare-and-set lands; the others read it.
+        for _ in 0..3 {
+            let entry = leases
+                .entry("layout")
+                .await?
+                .context("the lease bucket has no layout")?;
+            let recorded: Recorded =
+                serde_json::from_slice(&entry.value).context("the recorded layout")?;
+            anyhow::ensure!(
+                &recorded.layout == self,
+                "the cluster `{}` has {}; this host was started with {}: start it with the \
+                 cluster's",
+                self.prefix,
+                recorded.layout.describe(),
+                self.describe(),
+            );
+            if let Some(incarnation) = recorded.incarnation {
+                return Ok(incarnation);
+            }
+            let (with, incarnation) = record(self)?;
+            if leases.update("layout", with, entry.revision).await.is_ok() {
+                return Ok(incarnation);
+            }
+        }
+        anyhow::bail!(
+            "the cluster `{}`'s recorded layout has no incarnation, and recording one failed",
+            self.prefix
+        )
     }
+}
+
+/// What the cluster's first host records in the lease bucket under `layout`.
+#[derive(Debug, Serialize, Deserialize)]
+struct Recorded {
+    #[serde(flatten)]
+    layout: Layout,
+    /// The cluster's incarnation (`store::Incarnation`): every partition's states are in it.
+    /// A layout recorded by an earlier build has none until a host records one.
+    #[serde(default)]
+    incarnation: Option<Incarnation>,
 }
 
 /// How one host joins.
@@ -180,12 +218,13 @@ pub async fn run_host(
     // Requests to a stream whose server just died wait this long for nothing; every
     // request here is retried, so a short wait moves on sooner.
     context.set_timeout(REQUEST_TIMEOUT);
-    let mut leases = layout
+    let (mut leases, incarnation) = layout
         .join(&context, &options.host, options.lease_ttl)
         .await?;
     let partition = PartitionContext {
         context,
         layout: layout.clone(),
+        incarnation,
         tenant: options.tenant.clone(),
         file,
         sandbox,

@@ -15,7 +15,7 @@ use crate::agent::{Agent, AgentFile, Checkpointing, RunOptions, Summary, run_inp
 use crate::checkpoint::{CheckpointStore, LogCheckpoints, recover_store};
 use crate::log::{Authority, JetStreamLog, Log, StreamSpec};
 use crate::sandbox::Sandbox;
-use crate::store::LogStore;
+use crate::store::{Incarnation, LogStore};
 
 impl Layout {
     pub fn state_stream(&self, partition: u32) -> StreamSpec {
@@ -42,6 +42,8 @@ impl Layout {
 pub struct PartitionContext {
     pub context: jetstream::Context,
     pub layout: Layout,
+    /// The cluster's, recorded by its first host: every partition's states are in it.
+    pub incarnation: Incarnation,
     pub tenant: String,
     pub file: AgentFile,
     pub sandbox: Arc<Sandbox>,
@@ -82,8 +84,12 @@ pub async fn run(
         .await
         .with_context(|| format!("partition {number}: reading its newest checkpoint"))?;
     let store = Arc::new(
-        LogStore::new(Arc::clone(&state_log), config.state.marker)
-            .with_refresh_batch(config.state.refresh_batch),
+        LogStore::new(
+            Arc::clone(&state_log),
+            config.state.marker,
+            partition.incarnation,
+        )
+        .with_refresh_batch(config.state.refresh_batch),
     );
     recover_store(
         &*store,

@@ -175,13 +175,18 @@ pub struct DurableCalls {
 }
 
 impl DurableCalls {
-    /// Starts a run over `state`: the state found in the store, or a new one.
+    /// Starts a run over `state`: the state found in the store, or a new one. A new one
+    /// (never written) belongs to the store's incarnation, which its calls' idempotency
+    /// keys name.
     pub fn new(
         store: Arc<dyn ActionStateStore>,
         functions: Arc<Functions>,
         policy: Arc<CallPolicy>,
         mut state: ActionState,
     ) -> Self {
+        if state.version == 0 && state.incarnation.is_none() {
+            state.incarnation = Some(store.incarnation());
+        }
         let ambient = AmbientSource::new(
             &state.key,
             std::mem::take(&mut state.ambient),
@@ -251,7 +256,8 @@ impl DurableCalls {
         let handler = Arc::clone(&declared.handler);
 
         let index = self.next;
-        let mut pending = false;
+        // The key the call was made with when it is in doubt: a recorded call keeps its key.
+        let mut pending = None;
         if let Some(record) = self.state.calls.get(index) {
             if record.function == function && record.args_digest == digest {
                 let served = match &record.outcome {
@@ -266,7 +272,7 @@ impl DurableCalls {
                         self.stats.replayed += 1;
                         return Ok(served);
                     }
-                    None => pending = true,
+                    None => pending = Some(record.idempotency_key.clone()),
                 }
             } else {
                 self.diverge(index, record.clone(), function, digest)
@@ -281,14 +287,17 @@ impl DurableCalls {
         {
             return Ok(Err(CallError::Denied(message)));
         }
-        let key = idempotency_key(&self.state.key, index);
+        let key = match &pending {
+            Some(key) => key.clone(),
+            None => idempotency_key(&self.state, index, function, &digest),
+        };
         let request = CallRequest {
             function,
             args,
             idempotency_key: &key,
         };
         let in_doubt = self.policy.in_doubt_for(function);
-        if pending {
+        if pending.is_some() {
             if let Some(answer) = self.in_doubt(in_doubt, &*handler, index, request).await? {
                 self.next += 1;
                 return Ok(answer);
@@ -432,6 +441,12 @@ impl DurableCalls {
                     recorded.function,
                 );
                 self.state.calls.truncate(index);
+                // A state an earlier build wrote made its keys from the index alone, which
+                // would give the new call the dropped call's key (and a remote that honours
+                // it, the dropped call's answer): its calls from here on are this build's.
+                if self.state.incarnation.is_none() {
+                    self.state.incarnation = Some(self.store.incarnation());
+                }
                 // Readings the old run took past this point are not this run's to replay.
                 self.ambient.keep_read();
                 self.write().await?;

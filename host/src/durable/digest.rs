@@ -1,6 +1,6 @@
 //! Digests that identify calls and triggers across replays.
 
-use crate::store::{Digest, StateKey};
+use crate::store::{ActionState, Digest, StateKey};
 
 /// The digest of a call's args: of their canonical JSON (object keys sorted, no
 /// whitespace), so that `{"a":1,"b":2}` and `{ "b": 2, "a": 1 }` are the same call.
@@ -15,10 +15,40 @@ fn canonical_json(json: &str) -> Result<String, serde_json::Error> {
     serde_json::from_str::<serde_json::Value>(json).map(|value| value.to_string())
 }
 
-/// The idempotency key of the call at `index` of the state at `key`: the same on every
-/// replay, different for every other call.
-pub fn idempotency_key(key: &StateKey, index: usize) -> String {
-    let digest = state_digest(key, &(index as u64).to_le_bytes());
+/// The idempotency key of a call made live: the call at `index` of `state`, to `function`
+/// with args of digest `args`.
+///
+/// The same call of the same state gets the same key on every replay, so the remote side
+/// can drop a repeat; any other call gets another: another state, another index, another
+/// function or other args (a replay that diverged from its records), or the same work in
+/// another incarnation of the state (a wiped state directory, a tenant or a cluster made
+/// again). A state written by a build before incarnations has none, and its calls keep the
+/// key that build made ([`key_of_state_and_index`]), so a call it left in doubt is made
+/// again under the key the remote side already saw.
+pub fn idempotency_key(state: &ActionState, index: usize, function: &str, args: &Digest) -> String {
+    match &state.incarnation {
+        Some(incarnation) => {
+            // Fixed-size parts around the one that is not: the function's name.
+            let mut tail = Vec::with_capacity(4 + 16 + 8 + function.len() + 32);
+            tail.extend_from_slice(b"call");
+            tail.extend_from_slice(&incarnation.0);
+            tail.extend_from_slice(&(index as u64).to_le_bytes());
+            tail.extend_from_slice(function.as_bytes());
+            tail.extend_from_slice(&args.0);
+            key_text(&state_digest(&state.key, &tail))
+        }
+        None => key_of_state_and_index(&state.key, index),
+    }
+}
+
+/// The key that builds before incarnations gave the call at `index` of the state at
+/// `key`, whatever the call: kept for the states they wrote.
+pub fn key_of_state_and_index(key: &StateKey, index: usize) -> String {
+    key_text(&state_digest(key, &(index as u64).to_le_bytes()))
+}
+
+/// `rw-` and the first 16 bytes of `digest` in hex.
+fn key_text(digest: &Digest) -> String {
     // Made at every durable call: written into one buffer, not through `hex::encode`'s
     // iterator of chars.
     let mut text = *b"rw-00000000000000000000000000000000";
@@ -61,6 +91,7 @@ pub fn sent_trigger(parent: &StateKey, index: usize) -> Digest {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::Incarnation;
 
     #[test]
     fn args_digest_ignores_key_order_and_whitespace() {
@@ -71,23 +102,59 @@ mod tests {
         assert_ne!(a, c);
     }
 
-    /// The remote side drops repeats by this key, so a host upgrade must not change it.
-    #[test]
-    fn idempotency_keys_are_the_same_in_every_version() {
-        let key = StateKey {
+    fn state_key() -> StateKey {
+        StateKey {
             scope: crate::store::KeyScope::new("acme", "support", "order-7"),
             sequence: 3,
             action: "triage".to_owned(),
             trigger: Digest::of(&[b"input"]),
-        };
+        }
+    }
+
+    /// The remote side drops repeats by this key, so a host upgrade must not change it: a
+    /// state an earlier build wrote (no incarnation) keeps that build's keys.
+    #[test]
+    fn idempotency_keys_are_the_same_in_every_version() {
+        let state = ActionState::new(state_key(), crate::event::Event::new("input", "{}"));
+        assert_eq!(state.incarnation, None);
+        let args = args_digest("{}").expect("valid");
         assert_eq!(
-            idempotency_key(&key, 0),
+            idempotency_key(&state, 0, "llm.chat", &args),
             "rw-f580376cdb27b2609179f592ce96723a"
         );
         assert_eq!(
-            idempotency_key(&key, 1),
+            idempotency_key(&state, 1, "payments.charge", &args),
             "rw-43d942273dce3fcbb7f4a289b71bea59"
         );
+    }
+
+    /// The keys of states with an incarnation, pinned: same state and call, same key, in
+    /// this build and every later one.
+    #[test]
+    fn idempotency_keys_of_an_incarnation_are_the_same_in_every_version() {
+        let mut state = ActionState::new(state_key(), crate::event::Event::new("input", "{}"));
+        state.incarnation = Some(Incarnation([0x5e; 16]));
+        let five = args_digest(r#"{"amount":5}"#).expect("valid");
+        assert_eq!(
+            idempotency_key(&state, 0, "payments.charge", &five),
+            "rw-4dfc105b446c68207f1adbaa5a656a35"
+        );
+    }
+
+    #[test]
+    fn a_key_names_the_call_and_the_incarnation() {
+        let mut state = ActionState::new(state_key(), crate::event::Event::new("input", "{}"));
+        state.incarnation = Some(Incarnation([1; 16]));
+        let five = args_digest(r#"{"amount":5}"#).expect("valid");
+        let seven = args_digest(r#"{"amount":7}"#).expect("valid");
+        let key = idempotency_key(&state, 0, "payments.charge", &five);
+        assert_eq!(key, idempotency_key(&state, 0, "payments.charge", &five));
+        assert_ne!(key, idempotency_key(&state, 0, "payments.charge", &seven));
+        assert_ne!(key, idempotency_key(&state, 0, "payments.refund", &five));
+        assert_ne!(key, idempotency_key(&state, 1, "payments.charge", &five));
+        let mut other = state.clone();
+        other.incarnation = Some(Incarnation([2; 16]));
+        assert_ne!(key, idempotency_key(&other, 0, "payments.charge", &five));
     }
 
     #[test]

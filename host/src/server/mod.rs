@@ -24,6 +24,7 @@ use std::time::Duration;
 use tokio::sync::Semaphore;
 
 use crate::sandbox::Sandbox;
+use crate::state_dir::{StateDir, StateDirError};
 
 pub use api::{openapi, router};
 pub use config::{AdminToken, ConfigError, SecretSource, ServerConfig, TenantConfig, TenantPolicy};
@@ -42,6 +43,8 @@ pub enum StartError {
     Open(#[from] OpenError),
     #[error("starting the threads that run guests: {0}")]
     Threads(#[from] std::io::Error),
+    #[error("the state directory: {0}")]
+    StateDir(#[from] StateDirError),
 }
 
 /// The niceness of the threads guests run on (the server's own keep 0).
@@ -101,6 +104,8 @@ pub struct ServerState {
     host_runs: Arc<Semaphore>,
     compute: Compute,
     lifecycle: Arc<Lifecycle>,
+    /// Held for as long as the server runs: one process writes a state directory.
+    _state_dir: StateDir,
 }
 
 impl ServerState {
@@ -116,8 +121,11 @@ impl ServerState {
         for tenant in config.tenants.keys() {
             config.tenant_policy(config_path, tenant)?;
         }
+        // First: a second server on this directory is refused before it reads anything.
+        let state_dir = StateDir::open(&config.state_dir)?;
         let tenants = Tenants::open(&config.state_dir)?;
         let state = Arc::new(Self {
+            _state_dir: state_dir,
             admin: tenants::hash(admin_token),
             max_component_bytes: usize::try_from(u64::from(config.max_component_mib) << 20)
                 .unwrap_or(usize::MAX),

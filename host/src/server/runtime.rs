@@ -23,6 +23,7 @@ use crate::agent::Agent;
 use crate::event::Input;
 use crate::log::{FileLog, FileLogOptions, Log, LogError, Offset, Recovery};
 use crate::sandbox::Sandbox;
+use crate::state_dir::{StateDirError, incarnation_of};
 use crate::store::{
     ActionStateStore, CallOutcome, KeyScope, LogStore, Marker, MarkerStrategy, StoreError,
 };
@@ -116,6 +117,11 @@ pub enum OpenError {
     Agents {
         tenant: String,
         error: std::io::Error,
+    },
+    #[error("tenant {tenant}: {error}")]
+    Dir {
+        tenant: String,
+        error: StateDirError,
     },
 }
 
@@ -232,6 +238,10 @@ struct KeyState {
     running: Option<u64>,
     /// Every input: (sequence, offset of `accepted`, offset of `finished`).
     history: Vec<(u64, Offset, Option<Offset>)>,
+    /// Inputs found at recovery under a sequence another input already had (two processes
+    /// wrote the journal at once), by the offset of their `accepted` record, with why they
+    /// were not run.
+    damaged: BTreeMap<Offset, String>,
     /// Serialises this key's submissions, so that sequences are accepted in order.
     intake: Arc<tokio::sync::Mutex<()>>,
 }
@@ -314,9 +324,16 @@ impl TenantRuntime {
         .map_err(|e| log_error("its journal", e))?;
         let state_log = open_log("state", STATE_PARTITIONS, STATE_SEGMENT_BYTES)
             .map_err(|e| log_error("its state log", e))?;
+        // Made with the tenant's directory: a tenant made again under the same name, in a
+        // new directory, makes new idempotency keys.
+        let incarnation = incarnation_of(&dir).map_err(|error| OpenError::Dir {
+            tenant: name.to_owned(),
+            error,
+        })?;
         let store = Arc::new(LogStore::new(
             Arc::clone(&state_log),
             MarkerStrategy::Offsets,
+            incarnation,
         ));
         let mut offsets = Vec::new();
         for partition in 0..STATE_PARTITIONS {
@@ -385,6 +402,34 @@ impl TenantRuntime {
             InputRecord::Accepted(accepted) => {
                 let key = (accepted.agent.clone(), accepted.key.clone());
                 let state = inner.keys.entry(key).or_default();
+                if accepted.sequence < state.next_sequence {
+                    // Sequences of a key are handed out one at a time, in order: this one
+                    // was handed out twice, by two processes writing this directory at
+                    // once. Which of the two a `finished` record is for cannot be told, so
+                    // this one is not run (it may have run in the other process).
+                    let why = format!(
+                        "accepted as #{} of key {} after another input already was: two \
+                         processes wrote this tenant's journal at once; not run here, as it \
+                         may have run in the other (submit it again with a new event id to \
+                         run it)",
+                        accepted.sequence, accepted.key
+                    );
+                    tracing::warn!(tenant = %self.name, agent = %accepted.agent,
+                        key = %accepted.key, sequence = accepted.sequence,
+                        event_id = %accepted.event_id, "journal damaged: {why}");
+                    state.history.push((accepted.sequence, offset, None));
+                    state.damaged.insert(offset, why);
+                    inner
+                        .events
+                        .entry((accepted.agent, accepted.event_id))
+                        .or_insert(EventEntry::Accepted {
+                            key: accepted.key.clone(),
+                            sequence: accepted.sequence,
+                            version: accepted.version,
+                            digest: digest(&accepted.key, &accepted.payload),
+                        });
+                    return;
+                }
                 state.next_sequence = state.next_sequence.max(accepted.sequence + 1);
                 state.history.push((accepted.sequence, offset, None));
                 inner.events.insert(
@@ -410,12 +455,12 @@ impl TenantRuntime {
                 let key = (finished.agent.clone(), finished.key.clone());
                 let state = inner.keys.entry(key.clone()).or_default();
                 state.memory = finished.memory;
-                if let Some(entry) = state
-                    .history
-                    .iter_mut()
-                    .rev()
-                    .find(|(sequence, _, _)| *sequence == finished.sequence)
-                {
+                let damaged = &state.damaged;
+                // The first `finished` of a sequence is its input's; one more (written by a
+                // second process, for an input it accepted under the same sequence) is not.
+                if let Some(entry) = state.history.iter_mut().rev().find(|(sequence, at, done)| {
+                    *sequence == finished.sequence && !damaged.contains_key(at) && done.is_none()
+                }) {
                     entry.2 = Some(offset);
                 }
                 last_finished.insert(key, finished.sequence);
@@ -913,7 +958,13 @@ impl TenantRuntime {
             if let Some(state) = inner.keys.get_mut(&(agent_name.to_owned(), key.to_owned())) {
                 state.memory = memory;
                 state.running = None;
-                if let Some(entry) = state.history.iter_mut().rev().find(|e| e.0 == sequence) {
+                let damaged = &state.damaged;
+                if let Some(entry) = state
+                    .history
+                    .iter_mut()
+                    .rev()
+                    .find(|e| e.0 == sequence && !damaged.contains_key(&e.1))
+                {
                     entry.2 = Some(finished_at);
                 }
             }
@@ -996,13 +1047,18 @@ impl TenantRuntime {
         agent: &str,
         key: &str,
     ) -> Result<Option<Vec<HistoryEntry>>, JournalError> {
-        let (entries, queued, running) = {
+        let (entries, queued, running, damaged) = {
             let inner = self.lock();
             let Some(state) = inner.keys.get(&(agent.to_owned(), key.to_owned())) else {
                 return Ok(None);
             };
             let queued: HashSet<u64> = state.queue.iter().map(|q| q.sequence).collect();
-            (state.history.clone(), queued, state.running)
+            (
+                state.history.clone(),
+                queued,
+                state.running,
+                state.damaged.clone(),
+            )
         };
         if entries.is_empty() {
             return Ok(None);
@@ -1034,6 +1090,18 @@ impl TenantRuntime {
                     finished_at: Some(finished.finished_at),
                     outputs: finished.outputs,
                     actions: finished.actions,
+                },
+                None if damaged.contains_key(&accepted_at) => HistoryEntry {
+                    sequence,
+                    event_id: accepted.event_id,
+                    version: accepted.version,
+                    payload: accepted.payload,
+                    accepted_at: accepted.accepted_at,
+                    status: InputStatus::Failed,
+                    error: damaged.get(&accepted_at).cloned(),
+                    finished_at: None,
+                    outputs: 0,
+                    actions: Vec::new(),
                 },
                 None => HistoryEntry {
                     sequence,

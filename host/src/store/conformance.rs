@@ -12,8 +12,8 @@
 use std::sync::Arc;
 
 use super::{
-    ActionState, ActionStateStore, CallOutcome, CallRecord, Completion, Digest, KeyScope, Marker,
-    StateKey, StoreError,
+    ActionState, ActionStateStore, CallOutcome, CallRecord, Completion, Digest, Incarnation,
+    KeyScope, Marker, StateKey, StoreError,
 };
 use crate::event::Event;
 
@@ -34,6 +34,7 @@ macro_rules! store_conformance_tests {
             rebuild_from_a_marker_restores_every_cached_state,
             rebuild_refuses_another_partition_count,
             rebuild_refuses_an_offset_the_log_does_not_hold,
+            a_state_keeps_the_incarnation_it_was_written_in,
         );
     };
     (@cases $factory:expr; $($case:ident),* $(,)?) => {
@@ -243,4 +244,36 @@ pub async fn rebuild_refuses_an_offset_the_log_does_not_hold(factory: &dyn Facto
         store.get(&key("x", 1, "a")).is_some(),
         "a refused rebuild changes nothing"
     );
+}
+
+/// The store's incarnation does not change; a state comes back, from the cache and from
+/// the log, with the incarnation it was written in (or none, as an earlier build wrote it).
+pub async fn a_state_keeps_the_incarnation_it_was_written_in(factory: &dyn Factory) {
+    let store = factory(2);
+    assert_eq!(store.incarnation(), store.incarnation());
+    let marker = store.marker().await.expect("marker");
+    let mine = key("mine", 1, "a");
+    let mut written = state(mine.clone(), 1);
+    written.incarnation = Some(store.incarnation());
+    put(&*store, written).await;
+    let other = key("other", 1, "a");
+    let mut elsewhere = state(other.clone(), 1);
+    elsewhere.incarnation = Some(Incarnation([9; 16]));
+    put(&*store, elsewhere).await;
+    let earlier = key("earlier", 1, "a");
+    put(&*store, state(earlier.clone(), 1)).await;
+    let incarnations = |store: &dyn ActionStateStore| {
+        [&mine, &other, &earlier].map(|k| store.get(k).map(|s| s.incarnation))
+    };
+    let expected = [
+        Some(Some(store.incarnation())),
+        Some(Some(Incarnation([9; 16]))),
+        Some(None),
+    ];
+    assert_eq!(incarnations(&*store), expected, "from the cache");
+    for scope in store.scopes() {
+        store.prune(&scope, u64::MAX).await.expect("prune");
+    }
+    store.rebuild(&marker).await.expect("rebuild");
+    assert_eq!(incarnations(&*store), expected, "from the log");
 }

@@ -10,29 +10,31 @@
 //!   | outcome u8 (0 pending, 1 succeeded, 2 failed) | value, unless pending]
 //!   | completed u8 (0, 1) | if completed: sent [kind, payload] | memory [name, value]
 //!   ```
-//! - Version 3 (written): version 2, then what the run read from its clocks and the key of
-//!   its random streams (`Ambient`): `wall [u64] | monotonic [u64] | key u8 (0, 1) | if 1:
-//!   the key's 32 bytes`.
+//! - Version 3: read, no longer written. Version 2, then what the run read from its clocks
+//!   and the key of its random streams (`Ambient`): `wall [u64] | monotonic [u64] | key u8
+//!   (0, 1) | if 1: the key's 32 bytes`.
+//! - Version 4 (written): version 3, then the state's incarnation: `u8 (0, 1) | if 1: its
+//!   16 bytes`. A state read from an earlier version has none.
 //!
 //! A fixture written by each version is kept in `host/tests/fixtures/` and read back by a
 //! test, so later versions prove they still read what earlier ones wrote.
 
 use super::MemoryWrite;
 use super::{
-    ActionState, Ambient, CallOutcome, CallRecord, Completion, Digest, KeyScope, RandomKey,
-    StateKey, Version,
+    ActionState, Ambient, CallOutcome, CallRecord, Completion, Digest, Incarnation, KeyScope,
+    RandomKey, StateKey, Version,
 };
 use crate::event::Event;
 
 /// The encoding this build writes.
-pub const ENCODING: u8 = 3;
+pub const ENCODING: u8 = 4;
 
 /// Why bytes from the log are not a state.
 #[derive(Debug, thiserror::Error)]
 pub enum DecodeError {
     #[error("empty record")]
     Empty,
-    #[error("state encoding {0} is not one this build reads (it reads 1, 2 and 3)")]
+    #[error("state encoding {0} is not one this build reads (it reads 1 to 4)")]
     UnknownEncoding(u8),
     #[error("encoding 1: {0}")]
     Json(#[from] serde_json::Error),
@@ -119,6 +121,13 @@ pub fn encode_as(state: &ActionState, version: Version) -> Result<Vec<u8>, Encod
             out.0.extend_from_slice(&key.0);
         }
     }
+    match &state.incarnation {
+        None => out.0.push(0),
+        Some(incarnation) => {
+            out.0.push(1);
+            out.0.extend_from_slice(&incarnation.0);
+        }
+    }
     Ok(out.0)
 }
 
@@ -127,7 +136,7 @@ pub fn decode(bytes: &[u8]) -> Result<ActionState, DecodeError> {
     match bytes.split_first() {
         None => Err(DecodeError::Empty),
         Some((1, rest)) => Ok(serde_json::from_slice(rest)?),
-        Some((&encoding @ (2 | 3), _)) => decode_binary(&mut Reader {
+        Some((&encoding @ 2..=4, _)) => decode_binary(&mut Reader {
             bytes,
             at: 1,
             encoding,
@@ -202,6 +211,15 @@ fn decode_binary(r: &mut Reader<'_>) -> Result<ActionState, DecodeError> {
     } else {
         Ambient::default()
     };
+    let incarnation = if r.encoding >= 4 {
+        match r.u8()? {
+            0 => None,
+            1 => Some(Incarnation(r.array()?)),
+            other => return Err(r.error(format!("incarnation flag {other} is not 0 or 1"))),
+        }
+    } else {
+        None
+    };
     if r.at != r.bytes.len() {
         return Err(r.error(format!(
             "{} bytes after the end of the state",
@@ -214,6 +232,7 @@ fn decode_binary(r: &mut Reader<'_>) -> Result<ActionState, DecodeError> {
         calls,
         completion,
         ambient,
+        incarnation,
         version,
     })
 }
@@ -330,8 +349,8 @@ mod tests {
     use super::*;
     use crate::event::Event;
     use crate::store::{
-        Ambient, CallOutcome, CallRecord, Completion, Digest, KeyScope, MemoryWrite, RandomKey,
-        StateKey,
+        Ambient, CallOutcome, CallRecord, Completion, Digest, Incarnation, KeyScope, MemoryWrite,
+        RandomKey, StateKey,
     };
 
     fn fixture(encoding: u8) -> std::path::PathBuf {
@@ -345,6 +364,9 @@ mod tests {
         let mut state = fixture_state();
         if encoding < 3 {
             state.ambient = Ambient::default();
+        }
+        if encoding < 4 {
+            state.incarnation = None;
         }
         state
     }
@@ -385,6 +407,7 @@ mod tests {
                 monotonic: vec![5_000, 7_500],
                 random_key: Some(RandomKey([0xab; 32])),
             },
+            incarnation: Some(Incarnation([0x5e; 16])),
             version: 42,
         }
     }
@@ -447,10 +470,12 @@ mod tests {
         state.calls.truncate(1);
         state.completion = None;
         state.ambient = Ambient::default();
+        state.incarnation = None;
         let bytes = encode(&state).expect("encodes");
-        // The completion flag comes before two empty clock lists and the random key flag.
+        // The completion flag comes before two empty clock lists, the random key flag and
+        // the incarnation flag.
         let mut bad = bytes.clone();
-        let flag = bad.len() - 1 - (4 + 4 + 1);
+        let flag = bad.len() - 1 - (4 + 4 + 1 + 1);
         bad[flag] = 7;
         let message = decode(&bad).expect_err("bad flag").to_string();
         assert!(message.contains("completion flag 7"), "{message}");
@@ -459,7 +484,7 @@ mod tests {
         bad[1 + 8 + 4] = 0xff;
         let message = decode(&bad).expect_err("bad UTF-8").to_string();
         assert!(
-            message.contains("encoding 3, at byte 13: a string that is not UTF-8"),
+            message.contains("encoding 4, at byte 13: a string that is not UTF-8"),
             "{message}"
         );
     }

@@ -12,7 +12,8 @@ use serde::{Deserialize, Serialize};
 
 use super::encoding;
 use super::{
-    ActionState, ActionStateStore, Digest, KeyScope, Marker, StateKey, StoreError, Version,
+    ActionState, ActionStateStore, Digest, Incarnation, KeyScope, Marker, StateKey, StoreError,
+    Version,
 };
 use crate::crash::{self, CrashPoint};
 use crate::log::{Log, LogError, Offset};
@@ -195,6 +196,7 @@ pub struct LogStore {
     /// The cache, one shard per partition.
     shards: Vec<Mutex<Shard>>,
     next_version: AtomicU64,
+    incarnation: Incarnation,
     /// States a refresh re-appends at a time.
     refresh_batch: usize,
     /// Per partition, an offset at or below which no later write can land: above every
@@ -208,9 +210,12 @@ fn log_error(context: &str) -> impl FnOnce(LogError) -> StoreError + '_ {
 
 impl LogStore {
     /// A store over `log` with an empty cache; call [`rebuild`](ActionStateStore::rebuild)
-    /// to load what a marker points at.
-    pub fn new(log: Arc<dyn Log>, strategy: MarkerStrategy) -> Self {
+    /// to load what a marker points at. `incarnation` names the state `log` holds: it is
+    /// kept beside the log (a state directory's `incarnation` file, a tenant's, a cluster's
+    /// layout) and given again each time the log is opened.
+    pub fn new(log: Arc<dyn Log>, strategy: MarkerStrategy, incarnation: Incarnation) -> Self {
         Self {
+            incarnation,
             shards: (0..log.partitions()).map(|_| Mutex::default()).collect(),
             acknowledged: (0..log.partitions()).map(|_| AtomicU64::new(0)).collect(),
             log,
@@ -341,6 +346,10 @@ impl ActionStateStore for LogStore {
             },
         );
         Ok(version)
+    }
+
+    fn incarnation(&self) -> Incarnation {
+        self.incarnation
     }
 
     fn get(&self, key: &StateKey) -> Option<ActionState> {
@@ -588,7 +597,8 @@ mod tests {
         use super::*;
         crate::store_conformance_tests!(|partitions| Arc::new(LogStore::new(
             Arc::new(MemoryLog::new(partitions)),
-            MarkerStrategy::Offsets
+            MarkerStrategy::Offsets,
+            crate::store::Incarnation::random()
         )));
     }
 
@@ -596,7 +606,8 @@ mod tests {
         use super::*;
         crate::store_conformance_tests!(|partitions| Arc::new(LogStore::new(
             Arc::new(MemoryLog::new(partitions)),
-            MarkerStrategy::Refresh
+            MarkerStrategy::Refresh,
+            crate::store::Incarnation::random()
         )));
     }
 
@@ -629,7 +640,11 @@ mod tests {
         let mut json = vec![1];
         json.extend(serde_json::to_vec(&old).expect("JSON"));
         log.append(partition, json).await.expect("append");
-        let store = LogStore::new(Arc::clone(&log) as Arc<dyn Log>, MarkerStrategy::Refresh);
+        let store = LogStore::new(
+            Arc::clone(&log) as Arc<dyn Log>,
+            MarkerStrategy::Refresh,
+            crate::store::Incarnation::random(),
+        );
         store
             .rebuild(&Marker {
                 offsets: vec![0, 0],
@@ -656,7 +671,11 @@ mod tests {
         log.append(elsewhere, encoding::encode(&misplaced).expect("encodes"))
             .await
             .expect("append");
-        let store = LogStore::new(Arc::clone(&log) as Arc<dyn Log>, MarkerStrategy::Offsets);
+        let store = LogStore::new(
+            Arc::clone(&log) as Arc<dyn Log>,
+            MarkerStrategy::Offsets,
+            crate::store::Incarnation::random(),
+        );
         let error = store
             .rebuild(&Marker {
                 offsets: vec![0, 0],

@@ -10,7 +10,9 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 
 use super::state::in_scope;
-use super::{ActionState, ActionStateStore, KeyScope, Marker, StateKey, StoreError, Version};
+use super::{
+    ActionState, ActionStateStore, Incarnation, KeyScope, Marker, StateKey, StoreError, Version,
+};
 
 /// Partitions an [`InMemoryStore`] has unless told otherwise.
 pub const DEFAULT_PARTITIONS: u32 = 4;
@@ -36,6 +38,8 @@ struct Inner {
 pub struct InMemoryStore {
     inner: Mutex<Inner>,
     next_version: AtomicU64,
+    /// Drawn when the store is made: its state lives as long as it does.
+    incarnation: Incarnation,
 }
 
 impl Default for InMemoryStore {
@@ -53,7 +57,15 @@ impl InMemoryStore {
                 cache: BTreeMap::new(),
             }),
             next_version: AtomicU64::new(1),
+            incarnation: Incarnation::random(),
         }
+    }
+
+    /// The same store, of the state `incarnation` names: for tests that stand for one state
+    /// over several stores (as if records had been lost with a process).
+    pub fn with_incarnation(mut self, incarnation: Incarnation) -> Self {
+        self.incarnation = incarnation;
+        self
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -89,6 +101,10 @@ impl ActionStateStore for InMemoryStore {
             .cache
             .insert(state.key.clone(), Cached { state, offset });
         Ok(version)
+    }
+
+    fn incarnation(&self) -> Incarnation {
+        self.incarnation
     }
 
     fn get(&self, key: &StateKey) -> Option<ActionState> {

@@ -17,8 +17,8 @@ use serde::{Deserialize, Serialize};
 pub use log::{DEFAULT_REFRESH_BATCH, LogStore, MarkerStrategy};
 pub use memory::InMemoryStore;
 pub use state::{
-    ActionState, Ambient, CallOutcome, CallRecord, Completion, Digest, KeyScope, MemoryWrite,
-    RandomKey, StateKey, Version,
+    ActionState, Ambient, BadIncarnation, CallOutcome, CallRecord, Completion, Digest, Incarnation,
+    KeyScope, MemoryWrite, RandomKey, StateKey, Version,
 };
 
 /// Where recovery starts reading the log: one offset per partition.
@@ -89,6 +89,12 @@ pub trait ActionStateStore: Send + Sync + std::fmt::Debug {
     /// acknowledgement can be lost), which is harmless because a later write of the same key
     /// carries a higher version.
     async fn put(&self, state: &ActionState) -> Result<Version, StoreError>;
+
+    /// The incarnation of the state this store holds: the same for as long as the store's
+    /// log lives (a state directory, a tenant, a cluster), another for a new one. An action
+    /// state written for the first time belongs to it (`durable::DurableCalls` sets it);
+    /// the store writes each state's incarnation as it is given, and never changes it.
+    fn incarnation(&self) -> Incarnation;
 
     /// The newest version of the state at `key`, from the cache; `None` when there is none
     /// or it was pruned. Never reads the log.

@@ -130,6 +130,51 @@ impl fmt::Display for StateKey {
     }
 }
 
+/// Names one state: a state directory, a server's tenant, a cluster. Drawn at random when
+/// the state is created and kept in it, so that the idempotency keys of its calls are its
+/// own: the same state makes the same keys on every replay, and a new state (a wiped
+/// directory, a tenant made again under the same name) makes new ones.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Incarnation(#[serde(with = "hex::serde")] pub [u8; 16]);
+
+/// Why text is not an incarnation.
+#[derive(Debug, thiserror::Error)]
+#[error("{text:?} is not an incarnation: it is 32 hex digits")]
+pub struct BadIncarnation {
+    text: String,
+}
+
+impl Incarnation {
+    /// A new one, from the operating system's random source.
+    pub fn random() -> Self {
+        Self(rand::random())
+    }
+}
+
+impl fmt::Debug for Incarnation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Incarnation({self})")
+    }
+}
+
+impl fmt::Display for Incarnation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&hex::encode(self.0))
+    }
+}
+
+impl std::str::FromStr for Incarnation {
+    type Err = BadIncarnation;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let mut bytes = [0u8; 16];
+        hex::decode_to_slice(text, &mut bytes).map_err(|_| BadIncarnation {
+            text: text.to_owned(),
+        })?;
+        Ok(Self(bytes))
+    }
+}
+
 /// Grows with every write to a store; on rebuild the highest version of a state wins.
 pub type Version = u64;
 
@@ -145,6 +190,11 @@ pub struct ActionState {
     /// What the run read from its WASI clocks and random sources.
     #[serde(default)]
     pub ambient: Ambient,
+    /// The state this action state was first written in, which its calls' idempotency keys
+    /// name; set when it is first written. `None` in a state an earlier build wrote, whose
+    /// calls keep the keys that build made (`durable::digest`).
+    #[serde(default)]
+    pub incarnation: Option<Incarnation>,
     /// Assigned by the store on every write.
     pub version: Version,
 }
@@ -157,6 +207,7 @@ impl ActionState {
             calls: Vec::new(),
             completion: None,
             ambient: Ambient::default(),
+            incarnation: None,
             version: 0,
         }
     }

@@ -34,6 +34,8 @@ use rand::{Rng, SeedableRng};
 
 use crate::crash::{Crash, CrashPoint};
 use crate::durable::{InDoubtPolicy, SEED_ENV, Seeded};
+use crate::state_dir::{read_incarnation, set_incarnation};
+use crate::store::Incarnation;
 pub use simulator::{Script, Simulator, read_scripts};
 
 /// Which crashes to inject.
@@ -172,6 +174,9 @@ impl Report {
 struct Setup {
     agent: PathBuf,
     ambient: Seeded,
+    /// The state of every run is of this incarnation, so that a call has the same
+    /// idempotency key in every case as in the uninterrupted run.
+    incarnation: Incarnation,
 }
 
 /// What a finished run left: outputs (sorted lines) and calls per (function, key).
@@ -201,7 +206,11 @@ impl Kit {
         // The same for every kit run, so that a case run again alone (`--crash-at POINT:N`)
         // sees the same values as it did among the others.
         let ambient = Seeded::default();
-        let setup = Setup { agent, ambient };
+        let setup = Setup {
+            agent,
+            ambient,
+            incarnation: Incarnation::random(),
+        };
         let reference_dir = self.work.join("reference");
         let counts = self.work.join("reached.json");
         let status = self
@@ -372,6 +381,10 @@ impl Kit {
         counts: Option<&Path>,
     ) -> anyhow::Result<ExitStatus> {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        let state = dir.join("state");
+        if read_incarnation(&state)?.is_none() {
+            set_incarnation(&state, setup.incarnation)?;
+        }
         let stderr = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -388,7 +401,7 @@ impl Kit {
             .arg("--output")
             .arg(dir.join("out.jsonl"))
             .arg("--state")
-            .arg(dir.join("state"))
+            .arg(&state)
             .env_remove(crate::crash::ENV)
             .env(SEED_ENV, setup.ambient.to_string())
             .stdin(Stdio::null())

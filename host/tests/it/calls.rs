@@ -360,11 +360,13 @@ async fn the_idempotency_key_is_the_same_when_a_lost_record_makes_the_call_run_a
     let toml = agent_toml(caller, "", "");
     let payload =
         json!({ "calls": [call("count", json!({"a": 1})), call("count", json!({"a": 1}))] });
-    // Two stores: as if the first run's records had been lost with its process.
+    // Two stores of one state: as if the first run's records had been lost with its
+    // process.
+    let incarnation = rewind_host::store::Incarnation::random();
     for _ in 0..2 {
         let agent = agent_with(
             &toml,
-            Arc::new(InMemoryStore::default()),
+            Arc::new(InMemoryStore::default().with_incarnation(incarnation)),
             &[("count", count.clone())],
         );
         let report = agent.process(&input("k", 7, payload.clone())).await;
@@ -397,6 +399,9 @@ impl ActionStateStore for Refusing {
             return self.0.put(state).await;
         }
         Err(StoreError::Unavailable("disk full".to_owned()))
+    }
+    fn incarnation(&self) -> rewind_host::store::Incarnation {
+        self.0.incarnation()
     }
     fn get(&self, key: &StateKey) -> Option<ActionState> {
         self.0.get(key)

@@ -6,6 +6,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use rewind_host::state_dir::set_incarnation;
+use rewind_host::store::Incarnation;
 use serde_json::json;
 
 use crate::remote::{Remote, serve};
@@ -100,6 +102,11 @@ impl Case {
         let remote = Remote::default();
         let url = serve(remote.clone()).await;
         let dir = tempfile::tempdir().expect("tempdir");
+        // Every case's state is of one incarnation, as the crash kit's runs of one agent
+        // are: a call's idempotency key is then the same in a case and in the uninterrupted
+        // run, and the two can be compared.
+        set_incarnation(&dir.path().join("state"), Incarnation([0x4b; 16]))
+            .expect("the state's incarnation");
         let runner = Runner {
             dir: dir.path().to_owned(),
             agent: write_agent(dir.path(), &url, parallelism, marker, in_doubt),

@@ -9,6 +9,7 @@ mod calls;
 mod cli;
 mod concurrency;
 mod functions;
+mod idempotency;
 mod in_doubt;
 mod kill;
 mod kit;

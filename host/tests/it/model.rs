@@ -82,7 +82,11 @@ fn contents(store: &LogStore) -> BTreeMap<StateKey, ActionState> {
 
 async fn check(strategy: MarkerStrategy, ops: Vec<Op>) -> Result<(), TestCaseError> {
     let log: Arc<dyn Log> = Arc::new(MemoryLog::new(4));
-    let mut store = LogStore::new(Arc::clone(&log), strategy);
+    let mut store = LogStore::new(
+        Arc::clone(&log),
+        strategy,
+        rewind_host::store::Incarnation::random(),
+    );
     let mut model: BTreeMap<StateKey, ActionState> = BTreeMap::new();
     // Per scope, the sequence pruned up to; and the newest checkpoint's marker and those.
     let mut pruned: BTreeMap<u8, u64> = BTreeMap::new();
@@ -123,7 +127,11 @@ async fn check(strategy: MarkerStrategy, ops: Vec<Op>) -> Result<(), TestCaseErr
                 }
             }
             Op::Crash => {
-                store = LogStore::new(Arc::clone(&log), strategy);
+                store = LogStore::new(
+                    Arc::clone(&log),
+                    strategy,
+                    rewind_host::store::Incarnation::random(),
+                );
                 let marker = match &checkpoint {
                     Some((marker, _)) => marker.clone(),
                     None => Marker {

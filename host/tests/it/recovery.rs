@@ -71,7 +71,11 @@ async fn process_into_sink(
     let log: Arc<dyn Log> = Arc::new(log);
     let checkpoints = Arc::new(FileCheckpoints::new(state.join("checkpoints")));
     let latest = checkpoints.latest().await.expect("latest");
-    let store = Arc::new(LogStore::new(Arc::clone(&log), strategy));
+    let store = Arc::new(LogStore::new(
+        Arc::clone(&log),
+        strategy,
+        rewind_host::store::Incarnation::random(),
+    ));
     let marker = match &latest {
         Some(c) => c.marker.clone(),
         None => rewind_host::store::Marker {
@@ -311,7 +315,11 @@ async fn retention_keeps_what_the_oldest_checkpoint_needs() {
         assert!(deleted > 0, "{strategy:?}: retention deleted segments");
         // The oldest kept checkpoint still recovers the pending input's record.
         let log: Arc<dyn Log> = Arc::new(log);
-        let store = LogStore::new(Arc::clone(&log), strategy);
+        let store = LogStore::new(
+            Arc::clone(&log),
+            strategy,
+            rewind_host::store::Incarnation::random(),
+        );
         store
             .rebuild(&oldest.marker)
             .await

@@ -148,7 +148,7 @@ async fn recovered(
     strategy: MarkerStrategy,
     marker: &Marker,
 ) -> Vec<(String, u64, usize)> {
-    let store = LogStore::new(log, strategy);
+    let store = LogStore::new(log, strategy, rewind_host::store::Incarnation::random());
     store.rebuild(marker).await.expect("rebuild");
     let mut states: Vec<_> = store
         .scopes()
@@ -187,7 +187,11 @@ const BOTH: [MarkerStrategy; 2] = [MarkerStrategy::Refresh, MarkerStrategy::Offs
 #[tokio::test]
 async fn checkpoint_refreshes_latest_states_after_capturing_offsets() {
     let log: Arc<dyn Log> = Arc::new(MemoryLog::new(4));
-    let store = LogStore::new(Arc::clone(&log), MarkerStrategy::Refresh);
+    let store = LogStore::new(
+        Arc::clone(&log),
+        MarkerStrategy::Refresh,
+        rewind_host::store::Incarnation::random(),
+    );
     put(&store, state(key("pending", 1), 1, false)).await;
     let latest = put(&store, state(key("pending", 1), 2, false)).await;
     let done = put(&store, state(key("done", 1), 1, true)).await;
@@ -221,7 +225,11 @@ async fn checkpoint_refreshes_latest_states_after_capturing_offsets() {
 #[tokio::test]
 async fn checkpoint_does_not_refresh_pruned_or_diverged_states() {
     let log: Arc<dyn Log> = Arc::new(MemoryLog::new(2));
-    let store = LogStore::new(Arc::clone(&log), MarkerStrategy::Refresh);
+    let store = LogStore::new(
+        Arc::clone(&log),
+        MarkerStrategy::Refresh,
+        rewind_host::store::Incarnation::random(),
+    );
     put(&store, state(key("old", 1), 1, true)).await;
     store
         .prune(&KeyScope::new("t", "agent", "old"), 1)
@@ -243,7 +251,11 @@ async fn checkpoint_does_not_refresh_pruned_or_diverged_states() {
 async fn empty_cache_checkpoint_appends_nothing() {
     for strategy in BOTH {
         let log = Controlled::new(Arc::new(MemoryLog::new(4)));
-        let store = LogStore::new(log.clone(), strategy);
+        let store = LogStore::new(
+            log.clone(),
+            strategy,
+            rewind_host::store::Incarnation::random(),
+        );
         let marker = store.marker().await.expect("checkpoint");
         assert_eq!(log.appended(), 0, "{strategy:?}");
         assert_eq!(marker.offsets, [0, 0, 0, 0]);
@@ -253,7 +265,11 @@ async fn empty_cache_checkpoint_appends_nothing() {
 #[tokio::test]
 async fn failed_checkpoint_refresh_retains_cache_for_retry() {
     let log = Controlled::new(Arc::new(MemoryLog::new(2)));
-    let store = LogStore::new(log.clone(), MarkerStrategy::Refresh);
+    let store = LogStore::new(
+        log.clone(),
+        MarkerStrategy::Refresh,
+        rewind_host::store::Incarnation::random(),
+    );
     for i in 0..6 {
         put(&store, state(key(&format!("k{i}"), 1), 1, i % 2 == 0)).await;
     }
@@ -299,7 +315,11 @@ async fn failed_checkpoint_refresh_retains_cache_for_retry() {
 #[tokio::test]
 async fn cancelled_checkpoint_leaves_store_consistent() {
     let log = Controlled::new(Arc::new(MemoryLog::new(2)));
-    let store = Arc::new(LogStore::new(log.clone(), MarkerStrategy::Refresh));
+    let store = Arc::new(LogStore::new(
+        log.clone(),
+        MarkerStrategy::Refresh,
+        rewind_host::store::Incarnation::random(),
+    ));
     for i in 0..4 {
         put(&store, state(key(&format!("k{i}"), 1), 2, false)).await;
     }
@@ -325,7 +345,11 @@ async fn cancelled_checkpoint_leaves_store_consistent() {
 #[tokio::test]
 async fn restore_previous_checkpoint_after_later_refresh_partially_fails() {
     let log = Controlled::new(Arc::new(MemoryLog::new(2)));
-    let store = LogStore::new(log.clone(), MarkerStrategy::Refresh);
+    let store = LogStore::new(
+        log.clone(),
+        MarkerStrategy::Refresh,
+        rewind_host::store::Incarnation::random(),
+    );
     put(&store, state(key("a", 1), 1, false)).await;
     put(&store, state(key("b", 1), 1, true)).await;
     let first = store.marker().await.expect("checkpoint 1");
@@ -356,7 +380,11 @@ async fn restore_previous_checkpoint_after_later_refresh_partially_fails() {
 #[tokio::test]
 async fn refresh_racing_a_write_keeps_the_newer_version() {
     let log = Controlled::new(Arc::new(MemoryLog::new(1)));
-    let store = Arc::new(LogStore::new(log.clone(), MarkerStrategy::Refresh));
+    let store = Arc::new(LogStore::new(
+        log.clone(),
+        MarkerStrategy::Refresh,
+        rewind_host::store::Incarnation::random(),
+    ));
     put(&store, state(key("a", 1), 1, false)).await;
 
     // The refresh is about to re-append version 1 when a new version is written.
@@ -386,7 +414,11 @@ async fn refresh_racing_a_write_keeps_the_newer_version() {
 async fn checkpoint_while_a_write_awaits_its_acknowledgement_keeps_it_reachable() {
     for strategy in BOTH {
         let log = Controlled::new(Arc::new(MemoryLog::new(1)));
-        let store = Arc::new(LogStore::new(log.clone(), strategy));
+        let store = Arc::new(LogStore::new(
+            log.clone(),
+            strategy,
+            rewind_host::store::Incarnation::random(),
+        ));
         put(&store, state(key("done", 1), 1, true)).await;
         store.prune(&key("done", 1).scope, 1).await.expect("prune");
 
@@ -417,7 +449,11 @@ async fn checkpoint_while_a_write_awaits_its_acknowledgement_keeps_it_reachable(
 async fn a_marker_taken_during_a_write_never_falls_below_an_earlier_one() {
     for strategy in BOTH {
         let log = Controlled::new(Arc::new(MemoryLog::new(1)));
-        let store = Arc::new(LogStore::new(log.clone(), strategy));
+        let store = Arc::new(LogStore::new(
+            log.clone(),
+            strategy,
+            rewind_host::store::Incarnation::random(),
+        ));
         put(&store, state(key("a", 1), 1, false)).await;
         store.marker().await.expect("first checkpoint");
         let earlier = store.marker().await.expect("second checkpoint");
@@ -441,7 +477,11 @@ async fn a_marker_taken_during_a_write_never_falls_below_an_earlier_one() {
 #[tokio::test]
 async fn offsets_strategy_marker_points_at_oldest_unpruned_write() {
     let log: Arc<dyn Log> = Arc::new(MemoryLog::new(1));
-    let store = LogStore::new(Arc::clone(&log), MarkerStrategy::Offsets);
+    let store = LogStore::new(
+        Arc::clone(&log),
+        MarkerStrategy::Offsets,
+        rewind_host::store::Incarnation::random(),
+    );
     put(&store, state(key("k", 1), 1, true)).await; // offset 0
     put(&store, state(key("k", 2), 1, false)).await; // offset 1
     put(&store, state(key("k", 3), 1, false)).await; // offset 2
@@ -477,7 +517,11 @@ async fn rebuild_state_with_recovery_markers() {
         };
         let marker = {
             let (log, _) = FileLog::open(dir.path(), options).expect("open");
-            let store = LogStore::new(Arc::new(log), strategy);
+            let store = LogStore::new(
+                Arc::new(log),
+                strategy,
+                rewind_host::store::Incarnation::random(),
+            );
             put(&store, state(key("k", 1), 2, true)).await;
             put(&store, state(key("k", 2), 1, false)).await;
             let marker = store.marker().await.expect("checkpoint");
@@ -505,7 +549,11 @@ async fn multi_partition_recovery() {
         };
         let (marker, expected) = {
             let (log, _) = FileLog::open(dir.path(), options).expect("open");
-            let store = LogStore::new(Arc::new(log), strategy);
+            let store = LogStore::new(
+                Arc::new(log),
+                strategy,
+                rewind_host::store::Incarnation::random(),
+            );
             for i in 0..64 {
                 put(
                     &store,
@@ -552,7 +600,11 @@ async fn data_loss_below_marker_fails_with_clear_error() {
     };
     let (log, _) = FileLog::open(dir.path(), options).expect("open");
     let log: Arc<dyn Log> = Arc::new(log);
-    let store = LogStore::new(Arc::clone(&log), MarkerStrategy::Offsets);
+    let store = LogStore::new(
+        Arc::clone(&log),
+        MarkerStrategy::Offsets,
+        rewind_host::store::Incarnation::random(),
+    );
     for i in 0..20 {
         put(&store, state(key(&format!("k{i}"), 1), 1, false)).await;
     }
@@ -561,10 +613,14 @@ async fn data_loss_below_marker_fails_with_clear_error() {
     log.delete_below(0, 15)
         .await
         .expect("retention past the marker");
-    let error = LogStore::new(log, MarkerStrategy::Offsets)
-        .rebuild(&marker)
-        .await
-        .expect_err("the marker's data is gone");
+    let error = LogStore::new(
+        log,
+        MarkerStrategy::Offsets,
+        rewind_host::store::Incarnation::random(),
+    )
+    .rebuild(&marker)
+    .await
+    .expect_err("the marker's data is gone");
     assert!(
         matches!(
             error,
@@ -586,13 +642,21 @@ async fn data_loss_below_marker_fails_with_clear_error() {
 #[tokio::test]
 async fn partition_count_change_fails_with_clear_error() {
     let log: Arc<dyn Log> = Arc::new(MemoryLog::new(4));
-    let store = LogStore::new(Arc::clone(&log), MarkerStrategy::Refresh);
+    let store = LogStore::new(
+        Arc::clone(&log),
+        MarkerStrategy::Refresh,
+        rewind_host::store::Incarnation::random(),
+    );
     put(&store, state(key("k", 1), 1, false)).await;
     let marker = store.marker().await.expect("checkpoint");
-    let error = LogStore::new(Arc::new(MemoryLog::new(8)), MarkerStrategy::Refresh)
-        .rebuild(&marker)
-        .await
-        .expect_err("another partition count");
+    let error = LogStore::new(
+        Arc::new(MemoryLog::new(8)),
+        MarkerStrategy::Refresh,
+        rewind_host::store::Incarnation::random(),
+    )
+    .rebuild(&marker)
+    .await
+    .expect_err("another partition count");
     assert!(
         matches!(
             error,

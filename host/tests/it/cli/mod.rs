@@ -8,6 +8,7 @@ use serde_json::Value;
 use crate::support::{guest, guests_dir, workspace_root};
 
 mod blocked;
+mod lock;
 
 pub(super) fn rewind(dir: &Path) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_rewind"));

@@ -109,7 +109,8 @@ mod store {
         use super::*;
         rewind_host::store_conformance_tests!(|partitions| Arc::new(LogStore::new(
             super::super::jetstream_log(partitions),
-            MarkerStrategy::Offsets
+            MarkerStrategy::Offsets,
+            rewind_host::store::Incarnation::random()
         )));
     }
 
@@ -117,7 +118,8 @@ mod store {
         use super::*;
         rewind_host::store_conformance_tests!(|partitions| Arc::new(LogStore::new(
             super::super::jetstream_log(partitions),
-            MarkerStrategy::Refresh
+            MarkerStrategy::Refresh,
+            rewind_host::store::Incarnation::random()
         )));
     }
 
@@ -125,7 +127,8 @@ mod store {
         use super::*;
         rewind_host::store_conformance_tests!(|partitions| Arc::new(LogStore::new(
             super::super::fenced_jetstream_log(partitions),
-            MarkerStrategy::Offsets
+            MarkerStrategy::Offsets,
+            rewind_host::store::Incarnation::random()
         )));
     }
 
@@ -133,7 +136,8 @@ mod store {
         use super::*;
         rewind_host::store_conformance_tests!(|partitions| Arc::new(LogStore::new(
             super::super::fenced_jetstream_log(partitions),
-            MarkerStrategy::Refresh
+            MarkerStrategy::Refresh,
+            rewind_host::store::Incarnation::random()
         )));
     }
 
@@ -141,7 +145,8 @@ mod store {
         use super::*;
         rewind_host::store_conformance_tests!(|partitions| Arc::new(LogStore::new(
             super::super::grouped_jetstream_log(partitions),
-            MarkerStrategy::Offsets
+            MarkerStrategy::Offsets,
+            rewind_host::store::Incarnation::random()
         )));
     }
 
@@ -149,7 +154,8 @@ mod store {
         use super::*;
         rewind_host::store_conformance_tests!(|partitions| Arc::new(LogStore::new(
             super::super::grouped_jetstream_log(partitions),
-            MarkerStrategy::Refresh
+            MarkerStrategy::Refresh,
+            rewind_host::store::Incarnation::random()
         )));
     }
 }

@@ -91,7 +91,8 @@ async fn a_tenant_token_reaches_only_its_tenant_and_guesses_fail_like_others() {
 #[tokio::test]
 async fn the_admin_creates_tenants_with_checked_names_and_tokens_survive_a_restart() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let base = start(dir.path()).await;
+    let server = Server::start(dir.path(), "").await;
+    let base = server.base.clone();
     let client = reqwest::Client::new();
     let first = create(&client, &base, "acme").await;
 
@@ -120,7 +121,9 @@ async fn the_admin_creates_tenants_with_checked_names_and_tokens_survive_a_resta
     let stored = std::fs::read_to_string(dir.path().join("tenants.json")).expect("registry");
     assert!(!stored.contains(&first) && !stored.contains(&second));
 
-    // Another server over the same state: both tokens still work.
+    // Another server over the same state, once the first has stopped: both tokens still
+    // work.
+    server.stop().await;
     let again = start(dir.path()).await;
     for token in [&first, &second] {
         let (status, _) = send(client.get(format!("{again}/v1/tenants/acme")), Some(token)).await;

@@ -8,6 +8,7 @@ mod load;
 mod openapi;
 mod quotas;
 mod restart;
+mod writers;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -29,6 +30,9 @@ pub const ADMIN: &str = "admin-token-for-the-tests";
 pub struct Server {
     pub base: String,
     pub client: reqwest::Client,
+    /// Stops it (see [`Server::stop`]).
+    shutdown: tokio::sync::oneshot::Sender<()>,
+    serving: tokio::task::JoinHandle<std::io::Result<()>>,
 }
 
 impl Server {
@@ -47,15 +51,29 @@ impl Server {
             .await
             .expect("bind");
         let addr = listener.local_addr().expect("addr");
-        tokio::spawn(rewind_host::server::serve(
-            listener,
-            state,
-            std::future::pending(),
-        ));
+        let (shutdown, stopped) = tokio::sync::oneshot::channel::<()>();
+        // Only `stop` stops it: a `Server` dropped leaves it serving to the test's end.
+        let serving = tokio::spawn(rewind_host::server::serve(listener, state, async {
+            if stopped.await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }));
         Self {
             base: format!("http://{addr}"),
             client: reqwest::Client::new(),
+            shutdown,
+            serving,
         }
+    }
+
+    /// Stops the server as a signal would, and waits until it has let go of its state
+    /// directory, for another to start on it.
+    pub async fn stop(self) {
+        let _ = self.shutdown.send(());
+        self.serving
+            .await
+            .expect("the server's task")
+            .expect("the server stopped cleanly");
     }
 
     pub fn url(&self, path: &str) -> String {
