@@ -23,7 +23,7 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
 use crate::log::Authority;
-use crate::log::jetstream::ensure_stream;
+use crate::log::jetstream::{ensure_stream, retrying};
 
 /// What a lease key holds.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -100,10 +100,10 @@ impl Leases {
         ensure_stream(context, &config)
             .await
             .map_err(|e| anyhow::anyhow!("making the lease bucket {bucket}: {e}"))?;
-        let kv = context
-            .get_key_value(bucket)
-            .await
-            .map_err(|e| anyhow::anyhow!("opening the lease bucket {bucket}: {e}"))?;
+        let kv = retrying(&format!("opening the lease bucket {bucket}"), || {
+            context.get_key_value(bucket)
+        })
+        .await?;
         Ok(Self {
             kv,
             context: context.clone(),

@@ -31,6 +31,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::agent::{AgentFile, Summary};
+use crate::log::jetstream::RETRY_FOR;
 use crate::sandbox::Sandbox;
 use crate::store::Incarnation;
 use lease::{Lease, Leases, Renewal};
@@ -114,16 +115,36 @@ impl Layout {
             Ok((Bytes::from(serde_json::to_vec(&recorded)?), incarnation))
         };
         let (mine, incarnation) = record(self)?;
-        if leases.create("layout", mine).await.is_ok() {
-            return Ok(incarnation);
-        }
-        // A layout recorded before clusters had an incarnation gets one, by the one host
-        // whose compare-and-set lands; the others read it.
-        for _ in 0..3 {
-            let entry = leases
-                .entry("layout")
-                .await?
-                .context("the lease bucket has no layout")?;
+        let started = Instant::now();
+        let mut attempt = 0;
+        loop {
+            // Not answered: the next look tells (a create whose answer was lost may have
+            // landed, and is then read back as this host's own).
+            let mut again = |why: String| {
+                anyhow::ensure!(
+                    started.elapsed() < RETRY_FOR,
+                    "recording the layout of cluster `{}` (retried for {RETRY_FOR:?}): {why}",
+                    self.prefix
+                );
+                attempt += 1;
+                Ok(Duration::from_millis((25u64 << attempt.min(5)).min(1_000)))
+            };
+            match leases.create("layout", mine.clone()).await {
+                Ok(_) => return Ok(incarnation),
+                Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => {}
+                Err(e) => {
+                    tokio::time::sleep(again(e.to_string())?).await;
+                    continue;
+                }
+            }
+            let entry = match leases.entry("layout").await {
+                Ok(Some(entry)) => entry,
+                Ok(None) => continue,
+                Err(e) => {
+                    tokio::time::sleep(again(e.to_string())?).await;
+                    continue;
+                }
+            };
             let recorded: Recorded =
                 serde_json::from_slice(&entry.value).context("the recorded layout")?;
             anyhow::ensure!(
@@ -137,15 +158,14 @@ impl Layout {
             if let Some(incarnation) = recorded.incarnation {
                 return Ok(incarnation);
             }
+            // Recorded before clusters had an incarnation: it gets one, by the one host
+            // whose compare-and-set lands; the others read it.
             let (with, incarnation) = record(self)?;
             if leases.update("layout", with, entry.revision).await.is_ok() {
                 return Ok(incarnation);
             }
+            tokio::time::sleep(again("the layout changed meanwhile".to_owned())?).await;
         }
-        anyhow::bail!(
-            "the cluster `{}`'s recorded layout has no incarnation, and recording one failed",
-            self.prefix
-        )
     }
 }
 
