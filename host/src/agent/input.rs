@@ -4,11 +4,17 @@ use std::io::BufRead;
 
 use serde::Deserialize;
 
+/// The longest event id a line may carry, in bytes.
+pub const MAX_EVENT_ID: usize = 256;
+
 /// One accepted input line.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct InputLine {
     /// 1-based line number in its file.
     pub line: usize,
+    /// The event's id, when the line gives one (`"id"`): a front end that de-duplicates
+    /// (`rewind cluster publish`) drops an event whose id it has accepted before.
+    pub id: Option<String>,
     pub key: String,
     /// JSON text.
     pub payload: String,
@@ -38,6 +44,8 @@ impl LineError {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Raw {
+    #[serde(default)]
+    id: Option<String>,
     key: String,
     payload: Box<serde_json::value::RawValue>,
 }
@@ -49,7 +57,10 @@ pub fn parse_line(line: usize, text: &str) -> Result<Option<InputLine>, LineErro
     }
     let raw: Raw = serde_json::from_str(text).map_err(|e| LineError {
         line,
-        message: format!("not an input ({e}); expected {{\"key\": \"...\", \"payload\": <json>}}"),
+        message: format!(
+            "not an input ({e}); expected {{\"key\": \"...\", \"payload\": <json>}}, with an \
+             optional \"id\": \"...\""
+        ),
         stream: None,
     })?;
     if raw.key.is_empty() {
@@ -59,8 +70,21 @@ pub fn parse_line(line: usize, text: &str) -> Result<Option<InputLine>, LineErro
             stream: None,
         });
     }
+    if let Some(id) = &raw.id
+        && (id.is_empty() || id.len() > MAX_EVENT_ID)
+    {
+        return Err(LineError {
+            line,
+            message: format!(
+                "`id` is {} bytes: an event id is 1 to {MAX_EVENT_ID} bytes",
+                id.len()
+            ),
+            stream: None,
+        });
+    }
     Ok(Some(InputLine {
         line,
+        id: raw.id,
         key: raw.key,
         payload: raw.payload.get().to_owned(),
     }))
@@ -105,6 +129,7 @@ mod tests {
         assert_eq!(
             lines[0],
             Ok(InputLine {
+                id: None,
                 line: 1,
                 key: "a".into(),
                 payload: "{\"x\":1}".into()

@@ -1,6 +1,7 @@
 //! `rewind cluster`: hosts sharing an agent's partitions over NATS JetStream
 //! (`rewind_host::cluster`), and publishing to and reading from them.
 
+use std::collections::HashMap;
 use std::io::{BufRead as _, BufReader, Write as _};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -129,27 +130,46 @@ pub async fn cluster(
 async fn publish(agent: &str, at: &Where, input: &PathBuf) -> anyhow::Result<ExitCode> {
     let context = async_nats::jetstream::new(connect_nats(&at.nats).await?);
     let layout = Layout::load(&context, &at.prefix).await?;
+    layout.check_runs(&context, &at.tenant, agent).await?;
     let reader = BufReader::new(
         std::fs::File::open(input).with_context(|| format!("cannot open {}", input.display()))?,
     );
-    let (mut published, mut malformed) = (0u64, 0u64);
+    let (mut published, mut repeated, mut malformed) = (0u64, 0u64, 0u64);
+    // Per (key, payload) without an id: how many such lines came before.
+    let mut earlier: HashMap<(String, String), u64> = HashMap::new();
     for (index, line) in reader.lines().enumerate() {
         let number = index + 1;
         let line = line.with_context(|| format!("{}: line {number}", input.display()))?;
         match parse_line(number, &line) {
             Ok(None) => {}
             Ok(Some(parsed)) => {
-                cluster::inputs::publish(
+                let count = match &parsed.id {
+                    Some(_) => 0,
+                    None => {
+                        let count = earlier
+                            .entry((parsed.key.clone(), parsed.payload.clone()))
+                            .or_default();
+                        *count += 1;
+                        *count - 1
+                    }
+                };
+                let id = cluster::inputs::event_id(&parsed, count);
+                let published_as = cluster::inputs::publish(
                     &context,
                     &layout,
                     &at.tenant,
                     agent,
+                    &id,
                     &parsed.key,
                     &parsed.payload,
-                    None,
                 )
-                .await?;
-                published += 1;
+                .await
+                .with_context(|| format!("{}: line {number}", input.display()))?;
+                if published_as.duplicate {
+                    repeated += 1;
+                } else {
+                    published += 1;
+                }
             }
             Err(error) => {
                 eprintln!("skipping {}: {error}", input.display());
@@ -157,7 +177,10 @@ async fn publish(agent: &str, at: &Where, input: &PathBuf) -> anyhow::Result<Exi
             }
         }
     }
-    eprintln!("published {published} inputs, skipped {malformed} malformed lines");
+    eprintln!(
+        "published {published} inputs, {repeated} published before (dropped), skipped \
+         {malformed} malformed lines; an event published again, under the same id, runs once"
+    );
     Ok(if malformed == 0 {
         ExitCode::SUCCESS
     } else {

@@ -3,9 +3,10 @@
 //! Partition P's inputs are stream `PREFIX-in-P`, which takes the subjects
 //! `PREFIX.in.TENANT.AGENT.P`. An event goes to its key's partition, the same hash the store
 //! uses for its states (`KeyScope::partition`). Its message is the line `rewind run` reads,
-//! `{"key": ..., "payload": ...}`; its position is its stream sequence, which a checkpoint
-//! records and a host that takes the partition over resumes after. Once no kept checkpoint
-//! needs them, an agent's inputs are purged ([`InputRetention`]).
+//! `{"id": ..., "key": ..., "payload": ...}`; its position is its stream sequence, which a
+//! checkpoint records and a host that takes the partition over resumes after. An event
+//! published again is dropped by its id ([`Events`]). Once no kept checkpoint needs them, an
+//! agent's inputs are purged ([`InputRetention`]).
 
 use std::time::Duration;
 
@@ -20,11 +21,12 @@ use serde::Serialize;
 use tokio::sync::mpsc;
 
 use super::Layout;
+use super::events::{Events, Verdict};
 use crate::agent::Retention;
-use crate::agent::input::{InputLine, LineError, parse_line};
+use crate::agent::input::{InputLine, LineError, MAX_EVENT_ID, parse_line};
 use crate::checkpoint::Checkpoint;
 use crate::log::jetstream::ensure_stream;
-use crate::store::KeyScope;
+use crate::store::{Digest, KeyScope};
 
 /// Whether `name` can be a subject token: letters, digits, `-` and `_`.
 pub fn check_token(what: &str, name: &str) -> anyhow::Result<()> {
@@ -65,36 +67,58 @@ impl Layout {
 
 #[derive(Serialize)]
 struct Line<'a> {
+    id: &'a str,
     key: &'a str,
     payload: &'a serde_json::value::RawValue,
 }
 
-/// Publishes one event for `tenant`'s `agent` to its key's partition and returns
-/// `(partition, position)` once JetStream has it. With an `id`, a retry of the same
-/// publish within the stream's duplicate window (two minutes) is dropped by JetStream.
+/// Where an event was published.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Published {
+    pub partition: u32,
+    /// Its position in the partition's input stream.
+    pub position: u64,
+    /// JetStream had it already (a publish of the same id within its duplicate window):
+    /// nothing new was published.
+    pub duplicate: bool,
+}
+
+/// Publishes event `id` for `tenant`'s `agent` to its key's partition, once JetStream has
+/// it.
+///
+/// The id names the event: publishing it again (a retried publish, a file published
+/// again) is dropped, by JetStream within its duplicate window and by the host that reads
+/// the partition after it ([`Events`](super::events::Events)).
 pub async fn publish(
     context: &jetstream::Context,
     layout: &Layout,
     tenant: &str,
     agent: &str,
+    id: &str,
     key: &str,
     payload: &str,
-    id: Option<&str>,
-) -> anyhow::Result<(u32, u64)> {
+) -> anyhow::Result<Published> {
     check_token("tenant", tenant)?;
     check_token("agent", agent)?;
     anyhow::ensure!(!key.is_empty(), "the key is empty");
+    anyhow::ensure!(
+        !id.is_empty() && id.len() <= MAX_EVENT_ID,
+        "the event id is {} bytes: an event id is 1 to {MAX_EVENT_ID} bytes",
+        id.len()
+    );
     let payload: Box<serde_json::value::RawValue> = serde_json::from_str(payload)
         .map_err(|e| anyhow::anyhow!("the payload is not JSON: {e}"))?;
     let partition = KeyScope::new(tenant, agent, key).partition(layout.partitions);
     let line = serde_json::to_vec(&Line {
+        id,
         key,
         payload: &payload,
     })?;
-    let mut message = PublishMessage::build().payload(Bytes::from(line));
-    if let Some(id) = id {
-        message = message.message_id(id);
-    }
+    // A header value of the id's digest: the id may hold any character.
+    let message_id = Digest::of(&[tenant.as_bytes(), agent.as_bytes(), id.as_bytes()]);
+    let message = PublishMessage::build()
+        .payload(Bytes::from(line))
+        .message_id(message_id.to_string());
     let subject = layout.input_subject(tenant, agent, partition);
     let ack = context
         .send_publish(subject.clone(), message)
@@ -102,7 +126,29 @@ pub async fn publish(
         .map_err(|e| anyhow::anyhow!("publishing to {subject}: {e}"))?
         .await
         .map_err(|e| anyhow::anyhow!("publishing to {subject}: {e}"))?;
-    Ok((partition, ack.sequence))
+    Ok(Published {
+        partition,
+        position: ack.sequence,
+        duplicate: ack.duplicate,
+    })
+}
+
+/// The id of the event a line of an input file names: its `id`, or else one made from its
+/// key, its payload and how many lines with that key and payload came before it in the
+/// file. So publishing the same file again names the same events (and they are dropped),
+/// and two equal lines are two events.
+pub fn event_id(line: &InputLine, earlier: u64) -> String {
+    match &line.id {
+        Some(id) => id.clone(),
+        None => format!(
+            "line-{}",
+            Digest::of(&[
+                line.key.as_bytes(),
+                line.payload.as_bytes(),
+                &earlier.to_le_bytes()
+            ])
+        ),
+    }
 }
 
 /// How long an idle reader waits for a wake-up before it looks again anyway.
@@ -118,6 +164,7 @@ const IDLE_LOOK: Duration = Duration::from_secs(1);
 pub async fn subscribe(
     context: &jetstream::Context,
     layout: &Layout,
+    events: &Events,
     tenant: &str,
     agent: &str,
     partition: u32,
@@ -133,6 +180,10 @@ pub async fn subscribe(
     let (inputs, queue) = mpsc::channel(256);
     let reader = Reader {
         context: context.clone(),
+        events: events.clone(),
+        tenant: tenant.to_owned(),
+        agent: agent.to_owned(),
+        partition,
         name,
         subject,
         next: after + 1,
@@ -146,6 +197,11 @@ pub async fn subscribe(
 
 struct Reader {
     context: jetstream::Context,
+    /// Which event ids were seen first where.
+    events: Events,
+    tenant: String,
+    agent: String,
+    partition: u32,
     name: String,
     subject: String,
     /// The position to look from.
@@ -161,15 +217,12 @@ impl Reader {
     ) {
         let mut attempt = 0;
         loop {
-            match self.get_next().await {
-                Ok(Some((position, payload))) => {
+            match self.next_input().await {
+                Ok(Some((position, input))) => {
                     attempt = 0;
                     self.next = position + 1;
-                    if inputs
-                        .send(parse(&self.name, position, &payload))
-                        .await
-                        .is_err()
-                    {
+                    let Some(input) = input else { continue };
+                    if inputs.send(input).await.is_err() {
                         return;
                     }
                 }
@@ -195,6 +248,54 @@ impl Reader {
                 }
             }
         }
+    }
+
+    /// The next message on the subject, at its position: the input, why it is not one, or
+    /// nothing (a repeat of an event read before, dropped).
+    async fn next_input(
+        &self,
+    ) -> Result<Option<(u64, Option<Result<InputLine, LineError>>)>, async_nats::Error> {
+        let Some((position, payload)) = self.get_next().await? else {
+            return Ok(None);
+        };
+        let input = match parse(&self.name, position, &payload) {
+            Ok(input) => input,
+            Err(error) => return Ok(Some((position, Some(Err(error))))),
+        };
+        let verdict = self
+            .events
+            .verdict(&self.tenant, &self.agent, self.partition, position, &input)
+            .await
+            .map_err(|e| async_nats::Error::from(e.to_string()))?;
+        let line = usize::try_from(position).unwrap_or(usize::MAX);
+        Ok(Some((
+            position,
+            match verdict {
+                Verdict::First => Some(Ok(input)),
+                Verdict::Repeat {
+                    partition,
+                    position: first,
+                } => {
+                    tracing::info!(stream = %self.name, position, first_partition = partition,
+                        first_position = first, id = ?input.id,
+                        "an event published again; dropped");
+                    None
+                }
+                Verdict::Reused {
+                    partition,
+                    position: first,
+                } => Some(Err(LineError {
+                    line,
+                    message: format!(
+                        "event id {:?} was first published with another key or payload \
+                         (message {first} of partition {partition}); an event id names one \
+                         event",
+                        input.id.as_deref().unwrap_or_default()
+                    ),
+                    stream: Some(self.name.clone()),
+                })),
+            },
+        )))
     }
 
     /// The first message on the subject at or after `next`: its position and payload.

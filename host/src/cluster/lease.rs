@@ -42,6 +42,9 @@ pub struct Leases {
     ttl: Duration,
     /// Per key: the revision last seen and since when, on this host's clock.
     seen: HashMap<String, (u64, Instant)>,
+    /// Drawn at open: what this process writes to its heartbeat key, so that another
+    /// process under the same name is told apart.
+    instance: Bytes,
 }
 
 /// A lease this host holds.
@@ -71,8 +74,51 @@ fn key(partition: u32) -> String {
     format!("partition-{partition}")
 }
 
+/// The key that says a cluster runs `tenant`'s `agent`.
+pub fn agent_key(tenant: &str, agent: &str) -> String {
+    format!("agent.{tenant}.{agent}")
+}
+
+/// Opens the KV bucket `bucket` of `replicas` replicas (`what` names it in errors), making
+/// it when there is none, with any number of hosts doing the same at once.
+pub(super) async fn open_bucket(
+    context: &async_nats::jetstream::Context,
+    bucket: &str,
+    replicas: usize,
+    what: &str,
+) -> anyhow::Result<kv::Store> {
+    // The bucket's stream, as async-nats would make it; its own `create_key_value` first
+    // asks for account details that nats-server 2.9 answers in a shape it does not read.
+    let config = stream::Config {
+        name: format!("KV_{bucket}"),
+        subjects: vec![format!("$KV.{bucket}.>")],
+        max_messages_per_subject: 1,
+        allow_rollup: true,
+        deny_delete: true,
+        // Reads go to the bucket's leader: a direct get may be answered by a replica that
+        // has not yet applied a takeover, and a former holder asking whether it still holds
+        // its partition (after reading a stream the new holder has already fenced) would
+        // hear yes.
+        allow_direct: false,
+        discard: stream::DiscardPolicy::New,
+        num_replicas: replicas,
+        ..stream::Config::default()
+    };
+    ensure_stream(context, &config)
+        .await
+        .map_err(|e| anyhow::anyhow!("making the {what} {bucket}: {e}"))?;
+    Ok(retrying(&format!("opening the {what} {bucket}"), || {
+        context.get_key_value(bucket)
+    })
+    .await?)
+}
+
 impl Leases {
     /// Opens (creating it when new) the bucket `bucket` with `replicas` replicas, as `host`.
+    ///
+    /// A bucket another host has just made may refuse writes for a moment (nats-server 2.9
+    /// answers "no responders" until the new stream listens on its subjects): a host opens
+    /// it through `Layout::join`, whose first write is retried.
     pub async fn open(
         context: &async_nats::jetstream::Context,
         bucket: &str,
@@ -80,30 +126,7 @@ impl Leases {
         host: &str,
         ttl: Duration,
     ) -> anyhow::Result<Self> {
-        // The bucket's stream, as async-nats would make it; its own `create_key_value` first
-        // asks for account details that nats-server 2.9 answers in a shape it does not read.
-        let config = stream::Config {
-            name: format!("KV_{bucket}"),
-            subjects: vec![format!("$KV.{bucket}.>")],
-            max_messages_per_subject: 1,
-            allow_rollup: true,
-            deny_delete: true,
-            // Reads go to the bucket's leader: a direct get may be answered by a replica
-            // that has not yet applied a takeover, and a former holder asking whether it
-            // still holds its partition (after reading a stream the new holder has already
-            // fenced) would hear yes.
-            allow_direct: false,
-            discard: stream::DiscardPolicy::New,
-            num_replicas: replicas,
-            ..stream::Config::default()
-        };
-        ensure_stream(context, &config)
-            .await
-            .map_err(|e| anyhow::anyhow!("making the lease bucket {bucket}: {e}"))?;
-        let kv = retrying(&format!("opening the lease bucket {bucket}"), || {
-            context.get_key_value(bucket)
-        })
-        .await?;
+        let kv = open_bucket(context, bucket, replicas, "lease bucket").await?;
         Ok(Self {
             kv,
             context: context.clone(),
@@ -111,6 +134,7 @@ impl Leases {
             host: host.to_owned(),
             ttl,
             seen: HashMap::new(),
+            instance: Bytes::from(format!("{:032x}", rand::random::<u128>())),
         })
     }
 
@@ -128,7 +152,7 @@ impl Leases {
 
     /// Says this host is alive: moves its `host.NAME` key's revision.
     pub async fn heartbeat(&self) {
-        if let Err(e) = self.kv.put(self.host_key(), Bytes::new()).await {
+        if let Err(e) = self.kv.put(self.host_key(), self.instance.clone()).await {
             tracing::debug!("heartbeat: {e}");
         }
     }
@@ -166,6 +190,56 @@ impl Leases {
             }
         }
         Ok(live)
+    }
+
+    /// Takes this host's name in the cluster `cluster`, refusing it while a live host goes
+    /// by it. A name nobody has is taken at once (its heartbeat key made, compare-and-set:
+    /// of hosts starting together under one name, one gets it). A name whose heartbeat key
+    /// is there is watched for a TTL: it is refused at the key's first move, and taken over
+    /// (compare-and-set) when it does not move: its host died.
+    pub async fn claim_name(&mut self, cluster: &str) -> anyhow::Result<()> {
+        let key = self.host_key();
+        let alive = || {
+            anyhow::anyhow!(
+                "a host named `{}` is alive in cluster `{cluster}` (its heartbeat moved within \
+                 the last {:?}): give this host another --host name",
+                self.host,
+                self.ttl
+            )
+        };
+        let found = match self.kv.entry(&key).await? {
+            Some(entry) if entry.operation == Operation::Put => entry.revision,
+            _ => {
+                return match self.kv.create(&key, self.instance.clone()).await {
+                    Ok(_) => Ok(()),
+                    Err(e) if e.kind() == CreateErrorKind::AlreadyExists => Err(alive()),
+                    Err(e) => Err(e.into()),
+                };
+            }
+        };
+        let watched = Instant::now();
+        while watched.elapsed() < self.ttl {
+            tokio::time::sleep(self.ttl / 10).await;
+            match self.kv.entry(&key).await? {
+                Some(entry) if entry.revision == found => {}
+                // Moved: a heartbeat, or the host leaving just now.
+                _ => return Err(alive()),
+            }
+        }
+        match self.kv.update(&key, self.instance.clone(), found).await {
+            Ok(_) => Ok(()),
+            Err(e) if e.kind() == UpdateErrorKind::WrongLastRevision => Err(alive()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Records that this cluster runs `tenant`'s `agent` (for publishers to check).
+    pub async fn runs(&self, tenant: &str, agent: &str) -> anyhow::Result<()> {
+        self.kv
+            .put(agent_key(tenant, agent), Bytes::new())
+            .await
+            .map_err(|e| anyhow::anyhow!("recording agent {tenant}/{agent}: {e}"))?;
+        Ok(())
     }
 
     /// Says this host has left: deletes its heartbeat key.

@@ -14,6 +14,7 @@
 //! free and expired ones. The state, output and checkpoint streams of a partition are
 //! fenced by its lease: a host that lost it cannot write to them any more.
 
+pub mod events;
 pub mod inputs;
 pub mod lease;
 pub mod outputs;
@@ -24,6 +25,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
+use async_nats::jetstream::context::GetStreamErrorKind;
 use async_nats::jetstream::{self, kv};
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
@@ -34,6 +36,7 @@ use crate::agent::{AgentFile, Summary};
 use crate::log::jetstream::RETRY_FOR;
 use crate::sandbox::Sandbox;
 use crate::store::Incarnation;
+use events::Events;
 use lease::{Lease, Leases, Renewal};
 pub use partition::PartitionContext;
 
@@ -57,10 +60,29 @@ impl Layout {
     /// "4 partitions of 1 replica, with group commit": what hosts must agree on.
     fn describe(&self) -> String {
         format!(
-            "{} partitions of {} replicas, {} group commit",
+            "{} partitions of {} {}, {} group commit",
             self.partitions,
             self.replicas,
+            if self.replicas == 1 {
+                "replica"
+            } else {
+                "replicas"
+            },
             if self.group_commit { "with" } else { "without" }
+        )
+    }
+
+    /// The `rewind cluster run` options that give this layout.
+    fn flags(&self) -> String {
+        format!(
+            "--partitions {} --replicas {}{}",
+            self.partitions,
+            self.replicas,
+            if self.group_commit {
+                " --group-commit"
+            } else {
+                ""
+            }
         )
     }
 
@@ -77,12 +99,69 @@ impl Layout {
                  cluster run)"
             )
         };
+        match context.get_stream(format!("KV_{bucket}")).await {
+            Ok(_) => {}
+            Err(e)
+                if matches!(e.kind(), GetStreamErrorKind::JetStream(e)
+                    if e.error_code() == jetstream::ErrorCode::STREAM_NOT_FOUND) =>
+            {
+                return Err(missing());
+            }
+            Err(e) => anyhow::bail!("reading the lease bucket {bucket}: {e}"),
+        }
         let leases = context
             .get_key_value(&bucket)
             .await
-            .map_err(|_| missing())?;
+            .with_context(|| format!("opening the lease bucket {bucket}"))?;
         let layout = leases.get("layout").await?.ok_or_else(missing)?;
         serde_json::from_slice(&layout).context("the recorded layout")
+    }
+
+    /// Fails, naming the agents it does run, unless a host of this cluster was started
+    /// with `tenant`'s `agent`: inputs published for an agent no host runs would wait for
+    /// ever.
+    pub async fn check_runs(
+        &self,
+        context: &jetstream::Context,
+        tenant: &str,
+        agent: &str,
+    ) -> anyhow::Result<()> {
+        use futures_util::TryStreamExt as _;
+        let bucket = self.lease_bucket();
+        let leases = context
+            .get_key_value(&bucket)
+            .await
+            .with_context(|| format!("opening the lease bucket {bucket}"))?;
+        if leases.get(lease::agent_key(tenant, agent)).await?.is_some() {
+            return Ok(());
+        }
+        // The keys from the stream's subjects, not from a consumer (see `Leases::live_hosts`).
+        let prefix = format!("$KV.{bucket}.agent.");
+        let mut runs: Vec<String> = context
+            .get_stream_no_info(format!("KV_{bucket}"))
+            .await?
+            .info_with_subjects(format!("{prefix}*.*"))
+            .await?
+            .try_collect::<Vec<(String, usize)>>()
+            .await?
+            .into_iter()
+            .filter_map(|(subject, _)| {
+                subject
+                    .strip_prefix(&prefix)
+                    .map(|agent| agent.replacen('.', "/", 1))
+            })
+            .collect();
+        runs.sort();
+        anyhow::bail!(
+            "the cluster `{}` runs no agent `{agent}` for tenant `{tenant}` (it runs: {}): \
+             start a host with that agent's agent.toml first",
+            self.prefix,
+            if runs.is_empty() {
+                "none yet".to_owned()
+            } else {
+                runs.join(", ")
+            }
+        )
     }
 
     /// What a host does as it starts, before it takes any partition: opens the lease bucket
@@ -96,8 +175,10 @@ impl Layout {
         host: &str,
         ttl: Duration,
     ) -> anyhow::Result<(Leases, Incarnation)> {
-        let leases = Leases::open(context, &self.lease_bucket(), self.replicas, host, ttl).await?;
+        let mut leases =
+            Leases::open(context, &self.lease_bucket(), self.replicas, host, ttl).await?;
         let incarnation = self.agree(leases.store()).await?;
+        leases.claim_name(&self.prefix).await?;
         self.create_input_streams(context).await?;
         Ok((leases, incarnation))
     }
@@ -150,10 +231,11 @@ impl Layout {
             anyhow::ensure!(
                 &recorded.layout == self,
                 "the cluster `{}` has {}; this host was started with {}: start it with the \
-                 cluster's",
+                 cluster's layout ({}), or give it another --prefix for a new cluster",
                 self.prefix,
                 recorded.layout.describe(),
                 self.describe(),
+                recorded.layout.flags(),
             );
             if let Some(incarnation) = recorded.incarnation {
                 return Ok(incarnation);
@@ -241,10 +323,13 @@ pub async fn run_host(
     let (mut leases, incarnation) = layout
         .join(&context, &options.host, options.lease_ttl)
         .await?;
+    leases.runs(&options.tenant, &file.config.name).await?;
+    let events = Events::open(&context, &layout).await?;
     let partition = PartitionContext {
         context,
         layout: layout.clone(),
         incarnation,
+        events,
         tenant: options.tenant.clone(),
         file,
         sandbox,

@@ -8,6 +8,7 @@ use anyhow::Context as _;
 use async_nats::jetstream;
 use futures_util::StreamExt as _;
 
+use super::events::Events;
 use super::lease::Lease;
 use super::outputs::StreamSink;
 use super::{Layout, inputs};
@@ -44,6 +45,8 @@ pub struct PartitionContext {
     pub layout: Layout,
     /// The cluster's, recorded by its first host: every partition's states are in it.
     pub incarnation: Incarnation,
+    /// The event ids the cluster has accepted.
+    pub events: Events,
     pub tenant: String,
     pub file: AgentFile,
     pub sandbox: Arc<Sandbox>,
@@ -116,6 +119,7 @@ pub async fn run(
     let lines = inputs::subscribe(
         context,
         layout,
+        &partition.events,
         &partition.tenant,
         &config.name,
         number,

@@ -30,6 +30,7 @@ async fn a_thousand_inputs_over_fifty_keys_keep_per_key_order_and_each_output_ap
             *n += 1;
             let payload = json!({ "memory_get": ["last"], "memory_set": { "last": *n } });
             Ok(InputLine {
+                id: None,
                 line: i + 1,
                 key,
                 payload: payload.to_string(),
@@ -85,6 +86,7 @@ async fn a_failed_input_blocks_the_later_inputs_of_its_key_only() {
     ));
     let line = |n: usize, key: &str, payload: Value| {
         Ok(InputLine {
+            id: None,
             line: n,
             key: key.to_owned(),
             payload: payload.to_string(),
@@ -157,6 +159,7 @@ async fn a_waiting_stream_with_a_failed_key_runs_the_others_and_stops_when_told(
         .enumerate()
         .map(|(i, payload)| {
             Ok(InputLine {
+                id: None,
                 line: i + 1,
                 key: "k".to_owned(),
                 payload: payload.to_string(),
@@ -165,6 +168,7 @@ async fn a_waiting_stream_with_a_failed_key_runs_the_others_and_stops_when_told(
         .collect();
     lines.extend((0..50).map(|i| {
         Ok(InputLine {
+            id: None,
             line: 702 + i,
             key: format!("other-{}", i % 10),
             payload: "{}".to_owned(),

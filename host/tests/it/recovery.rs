@@ -113,6 +113,7 @@ async fn process_into_sink(
         .enumerate()
         .map(|(i, line)| {
             Ok(InputLine {
+                id: None,
                 line: i + 1,
                 key: line["key"].as_str().expect("key").to_owned(),
                 payload: line["payload"].to_string(),

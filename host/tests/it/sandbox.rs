@@ -202,12 +202,14 @@ async fn other_keys_keep_running_while_one_key_spins() {
     );
     let agent = Arc::new(agent_with(&toml, memory_store(), &[]));
     let mut lines = vec![Ok(InputLine {
+        id: None,
         line: 1,
         key: "spinner".into(),
         payload: json!({"mode": "loop"}).to_string(),
     })];
     for i in 0..20 {
         lines.push(Ok(InputLine {
+            id: None,
             line: i + 2,
             key: format!("k{}", i % 5),
             payload: json!({"mode": "print"}).to_string(),

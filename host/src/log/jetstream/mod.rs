@@ -340,15 +340,16 @@ fn max_record(context: &jetstream::Context, spec: &StreamSpec) -> usize {
 }
 
 /// Connects to NATS at `urls` (one URL, or several separated by commas: the nodes of a
-/// cluster; the client also learns the others from the one it reaches).
+/// cluster; the client also learns the others from the one it reaches). Fails at once,
+/// with the cause, when none of them answers; once connected, the client reconnects by
+/// itself.
 pub async fn connect(urls: &str) -> Result<async_nats::Client, LogError> {
     let addresses: Vec<&str> = urls.split(',').map(str::trim).collect();
     async_nats::ConnectOptions::new()
-        .retry_on_initial_connect()
         .connection_timeout(Duration::from_secs(5))
         .connect(addresses)
         .await
-        .map_err(|e| io(format!("connecting to NATS at {urls}"), e))
+        .map_err(|e| io(format!("cannot connect to NATS at {urls}"), e))
 }
 
 impl JetStreamLog {

@@ -17,22 +17,22 @@ use serde_json::{Value, json};
 use crate::remote::{Remote, serve};
 use crate::support::{guest, workspace_root};
 
-const PARTITIONS: u32 = 4;
+pub(super) const PARTITIONS: u32 = 4;
 const KEYS: u32 = 6;
 
 /// A `rewind cluster run` process; SIGKILLed when dropped.
-struct Host {
+pub(super) struct Host {
     child: Option<Child>,
     log: PathBuf,
 }
 
 impl Host {
-    fn start(dir: &Path, url: &str, name: &str, replicas: usize, ttl_ms: u64) -> Self {
+    pub(super) fn start(dir: &Path, url: &str, name: &str, replicas: usize, ttl_ms: u64) -> Self {
         Self::start_with(dir, url, name, replicas, ttl_ms, &[])
     }
 
     /// [`start`](Self::start), with more arguments for `rewind cluster run`.
-    fn start_with(
+    pub(super) fn start_with(
         dir: &Path,
         url: &str,
         name: &str,
@@ -70,7 +70,7 @@ impl Host {
         rustix::process::kill_process(pid, signal).expect("signal");
     }
 
-    fn kill(&mut self) {
+    pub(super) fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();
@@ -88,12 +88,12 @@ impl Host {
         );
     }
 
-    fn log(&self) -> String {
+    pub(super) fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
     /// Waits until the host has joined (its streams exist).
-    async fn joined(&self) {
+    pub(super) async fn joined(&self) {
         wait_for_log(self, "joined", &[self]).await;
     }
 }
@@ -105,7 +105,7 @@ impl Drop for Host {
 }
 
 /// The agent: the caller guest, charging the remote twice per input (in doubt: reconcile).
-fn write_agent(dir: &Path, url: &str) {
+pub(super) fn write_agent(dir: &Path, url: &str) {
     std::fs::write(
         dir.join("agent.toml"),
         format!(
@@ -121,14 +121,14 @@ fn write_agent(dir: &Path, url: &str) {
 
 /// A NATS server (or cluster), the remote the agent charges, and the agent written to a
 /// temporary directory: what every test here starts from.
-struct World {
-    servers: NatsServers,
-    url: String,
-    remote: Remote,
-    dir: tempfile::TempDir,
+pub(super) struct World {
+    pub(super) servers: NatsServers,
+    pub(super) url: String,
+    pub(super) remote: Remote,
+    pub(super) dir: tempfile::TempDir,
 }
 
-async fn world(servers: NatsServers) -> World {
+pub(super) async fn world(servers: NatsServers) -> World {
     let url = servers.url();
     let remote = Remote::default();
     let dir = tempfile::tempdir().expect("tempdir");
@@ -142,7 +142,7 @@ async fn world(servers: NatsServers) -> World {
 }
 
 /// Waits until `host`'s log says `text`, or fails after 30 s showing every host's log.
-async fn wait_for_log(host: &Host, text: &str, hosts: &[&Host]) {
+pub(super) async fn wait_for_log(host: &Host, text: &str, hosts: &[&Host]) {
     let deadline = Instant::now() + Duration::from_secs(30);
     while !host.log().contains(text) {
         if Instant::now() > deadline {
@@ -158,7 +158,7 @@ async fn wait_for_log(host: &Host, text: &str, hosts: &[&Host]) {
 
 /// The layout the hosts are started with, for the inputs (which are the same with group
 /// commit or without).
-fn layout(replicas: usize) -> Layout {
+pub(super) fn layout(replicas: usize) -> Layout {
     Layout {
         prefix: "t".to_owned(),
         partitions: PARTITIONS,
@@ -184,9 +184,9 @@ async fn publish(url: String, replicas: usize, range: std::ops::Range<u32>, ever
             &layout,
             "default",
             "billing",
+            &format!("input-{i}"),
             &format!("customer-{}", i % KEYS),
             &payload.to_string(),
-            Some(&format!("input-{i}")),
         )
         .await
         {
@@ -199,7 +199,7 @@ async fn publish(url: String, replicas: usize, range: std::ops::Range<u32>, ever
 }
 
 /// Every output of the cluster, read as its hosts laid it out.
-async fn outputs(url: &str, replicas: usize) -> Vec<OutputRecord> {
+pub(super) async fn outputs(url: &str, replicas: usize) -> Vec<OutputRecord> {
     let context = async_nats::jetstream::new(connect_nats(url).await.expect("connects"));
     // Read again while a NATS node is down or restarting, as the log retries.
     let started = Instant::now();
@@ -246,7 +246,7 @@ async fn inputs_held(url: &str, replicas: usize) -> u64 {
 }
 
 /// Waits until there are `count` outputs (or more), or fails after `within`.
-async fn wait_for_outputs(
+pub(super) async fn wait_for_outputs(
     url: &str,
     replicas: usize,
     count: usize,
@@ -554,7 +554,9 @@ async fn a_host_that_disagrees_on_the_partitions_is_refused() {
     let stderr = String::from_utf8_lossy(&second.stderr);
     assert!(!second.status.success(), "refused");
     assert!(
-        stderr.contains("has 4 partitions") && stderr.contains("started with 8"),
-        "the error names both counts: {stderr}"
+        stderr.contains("has 4 partitions of 1 replica")
+            && stderr.contains("started with 8")
+            && stderr.contains("start it with the cluster's layout (--partitions 4 --replicas 1)"),
+        "the error names both counts and what to start with: {stderr}"
     );
 }

@@ -3,17 +3,28 @@
 
 use std::time::{Duration, Instant};
 
+use rewind_host::cluster::Layout;
 use rewind_host::cluster::lease::{Leases, Renewal};
 use rewind_host::log::{Authority, connect_nats};
 use rewind_host::testing::nats::NatsServers;
 
 const TTL: Duration = Duration::from_millis(500);
 
+/// A host's leases, opened as a host starts (`Layout::join`): the bucket made, or found,
+/// and written to before any lease is taken.
 async fn leases(url: &str, host: &str) -> Leases {
     let context = async_nats::jetstream::new(connect_nats(url).await.expect("connects"));
-    Leases::open(&context, "leases", 1, host, TTL)
+    let layout = Layout {
+        prefix: "leases".to_owned(),
+        partitions: 4,
+        replicas: 1,
+        group_commit: false,
+    };
+    layout
+        .join(&context, host, TTL)
         .await
         .expect("the bucket opens")
+        .0
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

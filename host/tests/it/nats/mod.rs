@@ -163,6 +163,7 @@ mod store {
 mod cluster;
 mod group_commit;
 mod leases;
+mod publish;
 mod startup;
 
 /// The fencing tests on streams of one record per message, and on streams with group

@@ -1,0 +1,213 @@
+//! Publishing into a cluster: each event runs once however often it is published, an
+//! agent the cluster does not run is refused, and so are a host under a live host's name
+//! and a NATS that cannot be reached, each with an error that says so.
+
+use std::path::Path;
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use rewind_host::log::connect_nats;
+use rewind_host::testing::nats::NatsServers;
+use serde_json::json;
+
+use super::cluster::{Host, outputs, wait_for_log, wait_for_outputs, world};
+use crate::support::workspace_root;
+
+fn rewind(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_rewind"))
+        .arg("--cache-dir")
+        .arg(workspace_root().join("target").join("rewind-test-cache"))
+        .args(args)
+        .output()
+        .expect("rewind runs")
+}
+
+fn publish_file(url: &str, agent: &str, file: &Path) -> Output {
+    rewind(&[
+        "cluster",
+        "publish",
+        agent,
+        "--nats",
+        url,
+        "--prefix",
+        "t",
+        "--input",
+        &file.display().to_string(),
+    ])
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+/// A line that charges once for `input`, on key `customer-0`.
+fn line(id: Option<&str>, input: u32) -> String {
+    let payload = json!({ "calls": [{ "function": "charge", "args": { "input": input } }] });
+    match id {
+        Some(id) => json!({ "id": id, "key": "customer-0", "payload": payload }),
+        None => json!({ "key": "customer-0", "payload": payload }),
+    }
+    .to_string()
+}
+
+/// Publishing a file again, an event again long after (beyond JetStream's duplicate window),
+/// and an id again with another payload: each event runs once, across a host's restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_published_again_runs_once() {
+    let world = world(NatsServers::single().expect("nats-server starts")).await;
+    let (url, remote, dir) = (world.url.clone(), world.remote.clone(), world.dir.path());
+    let mut host = Host::start(dir, &url, "a", 1, 1_000);
+    host.joined().await;
+    // Two lines with ids, and two equal lines without: four events.
+    let file = dir.join("inputs.jsonl");
+    let lines = [
+        line(Some("order-1"), 1),
+        line(Some("order-2"), 2),
+        line(None, 3),
+        line(None, 3),
+    ];
+    std::fs::write(&file, lines.join("\n")).expect("inputs");
+    let first = publish_file(&url, "billing", &file);
+    assert!(first.status.success(), "{}", stderr(&first));
+    assert!(
+        stderr(&first).contains("published 4 inputs"),
+        "{}",
+        stderr(&first)
+    );
+    wait_for_outputs(&url, 1, 4, Duration::from_secs(60), &[&host]).await;
+
+    // The whole file again: the same events.
+    let again = publish_file(&url, "billing", &file);
+    assert!(again.status.success(), "{}", stderr(&again));
+    assert!(
+        stderr(&again).contains("published 0 inputs, 4 published before (dropped)"),
+        "{}",
+        stderr(&again)
+    );
+
+    // `order-1` again as a publisher that retried past JetStream's window sends it: no
+    // message id. Then `order-2`'s id with another payload.
+    let jetstream = async_nats::jetstream::new(connect_nats(&url).await.expect("connects"));
+    let subject = "t.in.default.billing.".to_owned();
+    let partition = rewind_host::store::KeyScope::new("default", "billing", "customer-0")
+        .partition(super::cluster::PARTITIONS);
+    for message in [
+        json!({ "id": "order-1", "key": "customer-0", "payload": { "calls": [
+            { "function": "charge", "args": { "input": 1 } }] } }),
+        json!({ "id": "order-2", "key": "customer-0", "payload": { "calls": [
+            { "function": "charge", "args": { "input": 99 } }] } }),
+    ] {
+        jetstream
+            .publish(format!("{subject}{partition}"), message.to_string().into())
+            .await
+            .expect("publish")
+            .await
+            .expect("ack");
+    }
+    // The host restarts: it reads the partition again from its last checkpoint.
+    host.kill();
+    let host = Host::start(dir, &url, "a", 1, 1_000);
+    host.joined().await;
+    // A new event behind them on the same key: once it is out, they were read.
+    std::fs::write(&file, line(Some("order-5"), 5)).expect("inputs");
+    let last = publish_file(&url, "billing", &file);
+    assert!(last.status.success(), "{}", stderr(&last));
+    wait_for_outputs(&url, 1, 5, Duration::from_secs(60), &[&host]).await;
+    wait_for_log(
+        &host,
+        "first published with another key or payload",
+        &[&host],
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    assert_eq!(
+        outputs(&url, 1).await.len(),
+        5,
+        "five events, each output once"
+    );
+    assert_eq!(
+        (remote.keys().len(), remote.repeats()),
+        (5, 0),
+        "five charges, each made once"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publishing_to_an_agent_the_cluster_does_not_run_is_an_error() {
+    let world = world(NatsServers::single().expect("nats-server starts")).await;
+    let (url, dir) = (world.url.clone(), world.dir.path());
+    let host = Host::start(dir, &url, "a", 1, 1_000);
+    host.joined().await;
+    let file = dir.join("inputs.jsonl");
+    std::fs::write(&file, line(None, 1)).expect("inputs");
+    let refused = publish_file(&url, "biling", &file);
+    let said = stderr(&refused);
+    assert_eq!(refused.status.code(), Some(1), "{said}");
+    assert!(
+        said.contains("runs no agent `biling`") && said.contains("default/billing"),
+        "{said}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_under_the_name_of_a_live_host_is_refused() {
+    let world = world(NatsServers::single().expect("nats-server starts")).await;
+    let (url, dir) = (world.url.clone(), world.dir.path());
+    let first = Host::start(dir, &url, "a", 1, 1_000);
+    first.joined().await;
+    let second = rewind(&[
+        "cluster",
+        "run",
+        &dir.join("agent.toml").display().to_string(),
+        "--nats",
+        &url,
+        "--prefix",
+        "t",
+        "--host",
+        "a",
+        "--partitions",
+        "4",
+        "--lease-ttl-ms",
+        "1000",
+    ]);
+    let said = stderr(&second);
+    assert_eq!(second.status.code(), Some(1), "{said}");
+    assert!(
+        said.contains("a host named `a` is alive in cluster `t`"),
+        "{said}"
+    );
+}
+
+#[test]
+fn every_cluster_command_says_at_once_when_nats_cannot_be_reached() {
+    // Bind and drop a listener: nothing listens on that port now.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port();
+    let url = format!("nats://127.0.0.1:{port}");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("inputs.jsonl");
+    std::fs::write(&file, line(None, 1)).expect("inputs");
+    super::cluster::write_agent(dir.path(), "http://127.0.0.1:9/charge");
+    let agent = dir.path().join("agent.toml").display().to_string();
+    let file = file.display().to_string();
+    for args in [
+        vec!["cluster", "publish", "billing", "--input", &file],
+        vec!["cluster", "outputs"],
+        vec!["cluster", "run", &agent],
+    ] {
+        let mut args = args.clone();
+        args.extend(["--nats", &url]);
+        let output = rewind(&args);
+        let said = stderr(&output);
+        assert_eq!(output.status.code(), Some(1), "{args:?}: {said}");
+        assert!(
+            said.contains(&format!("cannot connect to NATS at {url}"))
+                && said.to_lowercase().contains("refused"),
+            "{args:?}: {said}"
+        );
+    }
+}
