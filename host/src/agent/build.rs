@@ -266,6 +266,7 @@ impl AgentBuilder {
                 budget: self.budget,
             }),
             limits: config.limits,
+            unhandled_events: config.unhandled_events,
             parallelism: config.parallelism,
             sandbox: self.sandbox,
             store: self

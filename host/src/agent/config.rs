@@ -24,6 +24,10 @@ pub struct AgentConfig {
     /// Default `truncate`.
     #[serde(default)]
     pub divergence: DivergencePolicy,
+    /// What becomes of an event of a kind no action handles: `drop` (default: dropped,
+    /// warned of and counted) or `fail` (its input fails).
+    #[serde(default)]
+    pub unhandled_events: UnhandledEvents,
     #[serde(default)]
     pub limits: Limits,
     #[serde(default)]
@@ -32,6 +36,18 @@ pub struct AgentConfig {
     pub functions: BTreeMap<String, FunctionConfig>,
     #[serde(default)]
     pub state: StateConfig,
+}
+
+/// `unhandled-events`: what becomes of an event of a kind no action's `on` names (and not
+/// `output`, which leaves the agent).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum UnhandledEvents {
+    /// Dropped, with a warning, and counted in the run's summary.
+    #[default]
+    Drop,
+    /// Its input fails, naming the kind.
+    Fail,
 }
 
 /// `[state]`: the log, its markers and checkpoints.

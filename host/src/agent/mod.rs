@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 pub use build::{AgentBuilder, BuildError, Secrets};
 pub use config::{
     ActionConfig, AgentConfig, AgentFile, ConfigError, DEFAULT_PARALLELISM, FunctionConfig,
-    FunctionKind, StateConfig,
+    FunctionKind, StateConfig, UnhandledEvents,
 };
 pub use output::{JsonlSink, OutputSink, OutputWriter, WrittenIds};
 pub use scheduler::{
@@ -52,6 +52,7 @@ pub struct Agent {
     functions: Arc<Functions>,
     policy: Arc<CallPolicy>,
     limits: Limits,
+    unhandled_events: UnhandledEvents,
     parallelism: usize,
     sandbox: Arc<Sandbox>,
     store: Arc<dyn ActionStateStore>,
@@ -68,6 +69,8 @@ pub struct InputReport {
     /// Completed actions whose recorded events and memory writes were re-applied instead.
     pub reapplied: u64,
     pub calls: CallStats,
+    /// Events of a kind no action handles, dropped.
+    pub unhandled: u64,
     /// Why the input did not complete.
     pub error: Option<InputError>,
 }
@@ -95,6 +98,15 @@ pub enum InputError {
         key: String,
         sequence: u64,
         failed: u64,
+    },
+    #[error(
+        "{key} #{sequence}: an event of kind `{kind}` was sent, and no action handles it \
+         (unhandled-events = \"fail\"): add the kind to an action's `on`, or send another"
+    )]
+    Unhandled {
+        key: String,
+        sequence: u64,
+        kind: String,
     },
     #[error("{key} #{sequence}: the host panicked while processing it: {message}")]
     Panicked {
@@ -220,6 +232,15 @@ impl Agent {
                 self.apply(input, &completed, &mut queue, &mut report.outputs);
             }
             if !routed {
+                if self.unhandled_events == UnhandledEvents::Fail {
+                    report.error = Some(InputError::Unhandled {
+                        key: input.key.clone(),
+                        sequence: input.sequence,
+                        kind: event.kind,
+                    });
+                    return report;
+                }
+                report.unhandled += 1;
                 tracing::warn!(agent = %self.name, key = %input.key, sequence = input.sequence,
                     kind = %event.kind, "no action is triggered by events of this kind; dropped");
             }

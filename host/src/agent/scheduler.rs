@@ -48,6 +48,8 @@ pub struct Summary {
     /// Completed actions re-applied from their records instead of run.
     pub reapplied: u64,
     pub calls: CallStats,
+    /// Events of a kind no action handles, dropped (`unhandled-events = "drop"`).
+    pub unhandled: u64,
     pub elapsed: Duration,
 }
 
@@ -555,6 +557,7 @@ impl<S: OutputSink> Run<'_, S> {
         summary.runs += report.runs;
         summary.reapplied += report.reapplied;
         summary.calls += report.calls;
+        summary.unhandled += report.unhandled;
         let completed = report.error.is_none();
         match report.error {
             Some(InputError::Blocked {

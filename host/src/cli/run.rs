@@ -157,6 +157,13 @@ fn print_summary(summary: &Summary) {
         "actions: {} runs, {} re-applied from records",
         summary.runs, summary.reapplied
     );
+    if summary.unhandled > 0 {
+        eprintln!(
+            "events: {} of a kind no action handles, dropped (unhandled-events = \"fail\" \
+             fails their inputs instead)",
+            summary.unhandled
+        );
+    }
     eprintln!(
         "calls: {} made, {} served from records{}",
         summary.calls.live,

@@ -409,3 +409,51 @@ fn a_missing_agent_file_is_named_and_its_cause_said_once() {
     assert!(stderr.contains("absent.toml"), "{stderr}");
     assert_eq!(stderr.matches("No such file").count(), 1, "{stderr}");
 }
+
+#[test]
+fn an_event_no_action_handles_is_counted_or_fails_its_input_as_agent_toml_says() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let input = write(
+        dir.path(),
+        "in.jsonl",
+        "{\"key\":\"a\",\"payload\":{\"send\":[{\"kind\":\"nobody\",\"payload\":{}}]}}\n{\"key\":\"b\",\"payload\":{}}\n",
+    );
+    let dropped = run(dir.path(), &caller_agent(dir.path(), ""), &input);
+    let stderr = text(&dropped.stderr);
+    assert_eq!(dropped.status.code(), Some(0), "{stderr}");
+    assert!(
+        stderr.contains("events: 1 of a kind no action handles, dropped"),
+        "{stderr}"
+    );
+    assert_eq!(
+        text(&dropped.stdout).lines().count(),
+        2,
+        "both inputs' outputs"
+    );
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let agent = caller_agent(dir.path(), "");
+    let toml = std::fs::read_to_string(&agent).expect("agent.toml");
+    std::fs::write(
+        &agent,
+        toml.replacen(
+            "name = \"cli\"\n",
+            "name = \"cli\"\nunhandled-events = \"fail\"\n",
+            1,
+        ),
+    )
+    .expect("agent.toml");
+    let input = write(
+        dir.path(),
+        "in.jsonl",
+        "{\"key\":\"a\",\"payload\":{\"send\":[{\"kind\":\"nobody\",\"payload\":{}}]}}\n{\"key\":\"b\",\"payload\":{}}\n",
+    );
+    let failed = run(dir.path(), &agent, &input);
+    let stderr = text(&failed.stderr);
+    assert_eq!(failed.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("an event of kind `nobody` was sent, and no action handles it"),
+        "{stderr}"
+    );
+    assert_eq!(text(&failed.stdout).lines().count(), 1, "b's output only");
+}
