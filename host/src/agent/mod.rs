@@ -22,7 +22,7 @@ pub use scheduler::{
 };
 
 use crate::durable::digest::{input_trigger, sent_trigger};
-use crate::durable::{CallPolicy, CallStats, DurableCalls};
+use crate::durable::{CallPolicy, CallStats, CallsByFunction, DurableCalls};
 use crate::event::{Event, INPUT_KIND, Input, OUTPUT_KIND, Output, OutputId};
 use crate::functions::Functions;
 use crate::sandbox::{ActionComponent, Limits, RunError, RunInput, RunLabels, Sandbox};
@@ -69,6 +69,7 @@ pub struct InputReport {
     /// Completed actions whose recorded events and memory writes were re-applied instead.
     pub reapplied: u64,
     pub calls: CallStats,
+    pub calls_by_function: CallsByFunction,
     /// Events of a kind no action handles, dropped.
     pub unhandled: u64,
     /// Why the input did not complete.
@@ -307,6 +308,7 @@ impl Agent {
         };
         let output = self.sandbox.run(&action.component, run).await;
         report.calls += output.durable.stats();
+        report.calls_by_function += output.durable.by_function();
         output.result?;
         output
             .durable

@@ -14,7 +14,7 @@ use super::task::AbortOnDrop;
 use super::{Agent, InputError, InputReport};
 use crate::checkpoint::{Checkpoint, CheckpointId, CheckpointStore, KeyProgress, PendingInput};
 use crate::crash::{self, CrashPoint};
-use crate::durable::CallStats;
+use crate::durable::{CallStats, CallsByFunction};
 use crate::event::Input;
 use crate::log::Log;
 
@@ -48,6 +48,7 @@ pub struct Summary {
     /// Completed actions re-applied from their records instead of run.
     pub reapplied: u64,
     pub calls: CallStats,
+    pub calls_by_function: CallsByFunction,
     /// Events of a kind no action handles, dropped (`unhandled-events = "drop"`).
     pub unhandled: u64,
     pub elapsed: Duration,
@@ -557,6 +558,7 @@ impl<S: OutputSink> Run<'_, S> {
         summary.runs += report.runs;
         summary.reapplied += report.reapplied;
         summary.calls += report.calls;
+        summary.calls_by_function += &report.calls_by_function;
         summary.unhandled += report.unhandled;
         let completed = report.error.is_none();
         match report.error {

@@ -22,7 +22,8 @@ use clap::{Parser, Subcommand};
 pub struct Cli {
     #[command(subcommand)]
     command: Command,
-    /// More logging (-v: debug, -vv: trace). RUST_LOG overrides.
+    /// More logging (-v: debug, -vv: trace; RUST_LOG overrides). `rewind test -v` also
+    /// lists every call made again under the same key.
     #[arg(short, long, action = clap::ArgAction::Count, global = true)]
     pub verbose: u8,
     /// Where compiled components are cached (default: $REWIND_CACHE_DIR, else
@@ -76,7 +77,7 @@ pub async fn main(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Run(args) => run::run(args, sandbox()?).await,
         Command::Check(args) => check::check(args, sandbox()?),
         Command::Inspect(args) => inspect::inspect(args).await,
-        Command::Test(args) => test::test(args, cli.cache_dir.clone()).await,
+        Command::Test(args) => test::test(args, cli.cache_dir.clone(), cli.verbose > 0).await,
         Command::Serve(args) => serve::serve(args, sandbox()?).await,
         Command::Cluster(args) => cluster::cluster(args, || Ok(sandbox()?)).await,
     }

@@ -1,7 +1,7 @@
 //! `rewind run AGENT.toml --input FILE.jsonl [--output FILE.jsonl]`.
 
 use std::io::{BufReader, IsTerminal as _};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
@@ -113,6 +113,10 @@ pub async fn run(args: RunArgs, sandbox: Sandbox) -> anyhow::Result<ExitCode> {
     bar.finish_and_clear();
     let summary = summary.context("writing the outputs")?;
     print_summary(&summary);
+    if let Some(path) = std::env::var_os(rewind_host::testing::CALLS_ENV) {
+        write_calls(Path::new(&path), &summary)
+            .with_context(|| format!("writing the calls to {}", path.display()))?;
+    }
     Ok(if summary.all_completed() {
         ExitCode::SUCCESS
     } else {
@@ -140,6 +144,18 @@ async fn preflight(agent: &Agent) -> anyhow::Result<()> {
             Err(_) => bail!("function `{name}` is unreachable: {endpoint}: no answer in 3 s"),
         }
     }
+    Ok(())
+}
+
+/// Appends the run's calls per function, one JSON line, for the crash kit.
+fn write_calls(path: &Path, summary: &Summary) -> anyhow::Result<()> {
+    let mut line = serde_json::to_vec(&summary.calls_by_function)?;
+    line.push(b'\n');
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)?;
+    std::io::Write::write_all(&mut file, &line)?;
     Ok(())
 }
 

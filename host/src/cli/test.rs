@@ -27,7 +27,8 @@ pub struct TestArgs {
     runs: usize,
     /// Scripted answers, JSON Lines: {"function": NAME, "args": {..}, "result": {..}};
     /// without `args`, an answer for every call of the function. Calls no line answers go
-    /// to the function's own endpoint, once per idempotency key.
+    /// to the function's own endpoint, once per idempotency key for the whole kit run (a
+    /// retryable answer, 5xx, 429 or 408, is not kept).
     #[arg(long)]
     responses: Option<PathBuf>,
     /// `FROM=TO`: replace URL prefix FROM of the agent's endpoints with TO.
@@ -38,7 +39,12 @@ pub struct TestArgs {
     work: PathBuf,
 }
 
-pub async fn test(args: TestArgs, cache_dir: Option<PathBuf>) -> anyhow::Result<ExitCode> {
+/// Runs the kit; `verbose` lists every call made again under the same key, by case.
+pub async fn test(
+    args: TestArgs,
+    cache_dir: Option<PathBuf>,
+    verbose: bool,
+) -> anyhow::Result<ExitCode> {
     let at = match args.crash_at.as_str() {
         "every" => CrashAt::Every,
         "random" => CrashAt::Random {
@@ -72,6 +78,8 @@ pub async fn test(args: TestArgs, cache_dir: Option<PathBuf>) -> anyhow::Result<
     };
     let report = kit.run(&at).await?;
     print!("{}", report.table());
+    println!();
+    print!("{}", report.calls(verbose));
     let mut failed = false;
     for case in report.failures() {
         failed = true;

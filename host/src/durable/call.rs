@@ -137,7 +137,7 @@ pub enum Fault {
 }
 
 /// Counts of what one run's calls did.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CallStats {
     /// Calls whose function ran.
     pub live: u64,
@@ -158,6 +158,19 @@ impl std::ops::AddAssign for CallStats {
     }
 }
 
+/// [`CallStats`] per function called.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct CallsByFunction(pub BTreeMap<String, CallStats>);
+
+impl std::ops::AddAssign<&CallsByFunction> for CallsByFunction {
+    fn add_assign(&mut self, other: &CallsByFunction) {
+        for (function, stats) in &other.0 {
+            *self.0.entry(function.clone()).or_default() += *stats;
+        }
+    }
+}
+
 /// The durable calls of one action run, over that run's action state.
 #[derive(Debug)]
 pub struct DurableCalls {
@@ -172,6 +185,7 @@ pub struct DurableCalls {
     /// Calls made so far, counted against `calls_per_run`.
     made: u32,
     stats: CallStats,
+    by_function: CallsByFunction,
 }
 
 impl DurableCalls {
@@ -201,7 +215,14 @@ impl DurableCalls {
             next: 0,
             made: 0,
             stats: CallStats::default(),
+            by_function: CallsByFunction::default(),
         }
+    }
+
+    /// Counts what a call of `function` did, in the run's totals and its function's.
+    fn count(&mut self, function: &str, what: impl Fn(&mut CallStats)) {
+        what(&mut self.stats);
+        what(self.by_function.0.entry(function.to_owned()).or_default());
     }
 
     /// The state as last written (its `ambient` is filled in at each write).
@@ -216,6 +237,11 @@ impl DurableCalls {
 
     pub fn stats(&self) -> CallStats {
         self.stats
+    }
+
+    /// The same counts, per function.
+    pub fn by_function(&self) -> &CallsByFunction {
+        &self.by_function
     }
 
     /// Makes the durable call `function(args)`.
@@ -269,7 +295,7 @@ impl DurableCalls {
                 match served {
                     Some(served) => {
                         self.next += 1;
-                        self.stats.replayed += 1;
+                        self.count(function, |s| s.replayed += 1);
                         return Ok(served);
                     }
                     None => pending = Some(record.idempotency_key.clone()),
@@ -337,7 +363,7 @@ impl DurableCalls {
                 let (outcome, answer) = answered(answer, request, "reconciling a call in doubt: ")?;
                 let digest = self.state.calls[index].args_digest;
                 self.record(index, request, digest, outcome).await?;
-                self.stats.reconciled += 1;
+                self.count(request.function, |s| s.reconciled += 1);
                 Ok(Some(answer))
             }
         }
@@ -373,7 +399,7 @@ impl DurableCalls {
         self.record(index, request, digest, outcome).await?;
         crash::reached(CrashPoint::AfterRecord);
         self.next += 1;
-        self.stats.live += 1;
+        self.count(request.function, |s| s.live += 1);
         Ok(result)
     }
 
@@ -450,7 +476,7 @@ impl DurableCalls {
                 // Readings the old run took past this point are not this run's to replay.
                 self.ambient.keep_read();
                 self.write().await?;
-                self.stats.truncated += dropped as u64;
+                self.count(&recorded.function, |s| s.truncated += dropped as u64);
                 Ok(())
             }
         }

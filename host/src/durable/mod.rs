@@ -10,6 +10,6 @@ pub mod digest;
 pub use ambient::{AmbientSource, RandomStream, SEED_ENV, Seeded, seed, seed_from_env};
 
 pub use call::{
-    CallBudget, CallError, CallPolicy, CallStats, DivergencePolicy, DurableCalls, Fault,
-    InDoubtPolicy,
+    CallBudget, CallError, CallPolicy, CallStats, CallsByFunction, DivergencePolicy, DurableCalls,
+    Fault, InDoubtPolicy,
 };

@@ -33,7 +33,7 @@ use rand::seq::IndexedRandom;
 use rand::{Rng, SeedableRng};
 
 use crate::crash::{Crash, CrashPoint};
-use crate::durable::{InDoubtPolicy, SEED_ENV, Seeded};
+use crate::durable::{CallsByFunction, InDoubtPolicy, SEED_ENV, Seeded};
 use crate::state_dir::{read_incarnation, set_incarnation};
 use crate::store::Incarnation;
 pub use simulator::{Script, Simulator, read_scripts};
@@ -92,6 +92,27 @@ pub enum Outcome {
 pub struct Case {
     pub crash: Crash,
     pub outcome: Outcome,
+    /// The calls its runs made again under a key they had made before, with how many times
+    /// more: (function, idempotency key) → requests beyond the first.
+    pub repeats: BTreeMap<(String, String), u64>,
+}
+
+/// The environment variable that makes `rewind run` append, when it ends, one JSON line of
+/// its durable calls per function (`durable::CallsByFunction`) to the file it names.
+pub const CALLS_ENV: &str = "REWIND_CALLS_TO";
+
+/// What the calls of one function came to over a kit run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FunctionCalls {
+    /// Made by the uninterrupted run: one per idempotency key.
+    pub made: u64,
+    /// Requests that reached the function's endpoint (or its scripted answer) over every
+    /// run of the kit: one per key, unless an answer was retryable (5xx, 429, 408).
+    pub forwarded: u64,
+    /// Served from their records by the runs that recovered from a crash.
+    pub served: u64,
+    /// Made again under a key already used: in doubt at a crash (`in-doubt = "retry"`).
+    pub repeated: u64,
 }
 
 /// Every case, and how to run one again.
@@ -101,6 +122,8 @@ pub struct Report {
     pub cases: Vec<Case>,
     /// How the uninterrupted run reached each point.
     pub reached: BTreeMap<String, u64>,
+    /// Per function called.
+    pub functions: BTreeMap<String, FunctionCalls>,
 }
 
 impl Report {
@@ -108,6 +131,51 @@ impl Report {
         self.cases
             .iter()
             .filter(|c| matches!(c.outcome, Outcome::Failed(_)))
+    }
+
+    /// What the calls came to, in words: per function, calls made, sent to the function,
+    /// served from records, and made again under the same key, and why that is safe. With
+    /// `verbose`, every call made again, by key.
+    pub fn calls(&self, verbose: bool) -> String {
+        let runs = self.cases.len() + 1;
+        let mut text = format!(
+            "calls, per function, over the uninterrupted run and {} crashed ones:\n",
+            runs - 1
+        );
+        for (function, calls) in &self.functions {
+            let _ = writeln!(
+                text,
+                "  {function}: {} made; {} sent to the function (each idempotency key once: \
+                 every case after the first was answered what the key was answered first); \
+                 {} served from records by recovering runs; {} made again under the same key",
+                calls.made, calls.forwarded, calls.served, calls.repeated
+            );
+        }
+        let repeated: u64 = self.functions.values().map(|c| c.repeated).sum();
+        if repeated > 0 {
+            text.push_str(
+                "Made again under the same key: a call in flight when its run was killed \
+                 (it reached the function, and its result was not yet recorded) is in doubt. \
+                 With in-doubt = \"retry\" the recovering run makes it again with the same \
+                 Idempotency-Key and arguments; the simulator answered with the key's first \
+                 answer, as a remote that honours the key does, so each call's effect \
+                 happened once. A remote that ignores Idempotency-Key would have seen these \
+                 calls twice: give such a function in-doubt = \"reconcile\" or \"fail\".\n",
+            );
+        }
+        if verbose {
+            for case in &self.cases {
+                for ((function, key), times) in &case.repeats {
+                    let _ = writeln!(
+                        text,
+                        "  {}: {function} {key} made again {times} time{}",
+                        case.crash,
+                        if *times == 1 { "" } else { "s" }
+                    );
+                }
+            }
+        }
+        text
     }
 
     /// The table printed at the end of `rewind test`: crash points by kind and outcomes.
@@ -261,6 +329,10 @@ impl Kit {
             }
             CrashAt::One(crash) => (None, vec![*crash]),
         };
+        let mut functions: BTreeMap<String, FunctionCalls> = BTreeMap::new();
+        for (function, stats) in read_calls(&reference_dir)?.0 {
+            functions.entry(function).or_default().made += stats.live;
+        }
         let mut cases = Vec::new();
         for (i, crash) in crashes.into_iter().enumerate() {
             simulator.reset();
@@ -277,12 +349,32 @@ impl Kit {
                     &rewritten.in_doubt,
                 )
                 .await?;
-            cases.push(Case { crash, outcome });
+            let repeats: BTreeMap<(String, String), u64> = simulator
+                .keys()
+                .into_iter()
+                .filter(|(_, requests)| *requests > 1)
+                .map(|(slot, requests)| (slot, requests - 1))
+                .collect();
+            for ((function, _), times) in &repeats {
+                functions.entry(function.clone()).or_default().repeated += times;
+            }
+            for (function, stats) in read_calls(&dir)?.0 {
+                functions.entry(function).or_default().served += stats.replayed;
+            }
+            cases.push(Case {
+                crash,
+                outcome,
+                repeats,
+            });
+        }
+        for (function, forwarded) in simulator.forwarded().await {
+            functions.entry(function).or_default().forwarded = forwarded.forwarded;
         }
         Ok(Report {
             seed,
             cases,
             reached,
+            functions,
         })
     }
 
@@ -413,11 +505,32 @@ impl Kit {
         if let Some(counts) = counts {
             command.env(crate::crash::COUNT_ENV, counts);
         }
+        command.env(CALLS_ENV, dir.join(CALLS_FILE));
         let rewind = self.rewind.display().to_string();
         tokio::task::spawn_blocking(move || command.status())
             .await?
             .with_context(|| format!("starting {rewind}"))
     }
+}
+
+/// Where the runs on a directory write their calls per function ([`CALLS_ENV`]).
+const CALLS_FILE: &str = "calls.jsonl";
+
+/// The calls per function of every run on `dir` that ended (a killed one writes none).
+fn read_calls(dir: &Path) -> anyhow::Result<CallsByFunction> {
+    let path = dir.join(CALLS_FILE);
+    let text = match std::fs::read_to_string(&path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+    };
+    let mut calls = CallsByFunction::default();
+    for (number, line) in text.lines().enumerate() {
+        let run: CallsByFunction = serde_json::from_str(line)
+            .with_context(|| format!("{}: line {}", path.display(), number + 1))?;
+        calls += &run;
+    }
+    Ok(calls)
 }
 
 fn said(dir: &Path) -> String {

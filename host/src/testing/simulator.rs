@@ -1,10 +1,13 @@
 //! The functions of an agent under test, simulated on loopback: scripted answers, or the
-//! function's own endpoint asked once per idempotency key, and every request counted.
+//! function's own endpoint asked once per idempotency key for the whole kit run, and every
+//! request counted.
 //!
 //! Every `http` and `openai-chat` function of the agent is pointed here
 //! (`/fn/NAME/...`). The simulator honours `Idempotency-Key` as a well-behaved remote does:
 //! the first request of a key gets an answer (scripted, or from the upstream endpoint),
-//! later requests of that key get the same answer and reach nothing. `GET
+//! later requests of that key, in this case or any later one, get the same answer and
+//! reach nothing. A retryable answer (5xx, 429, 408) is not kept: the next request of the
+//! key is forwarded again. `GET
 //! /fn/NAME/~status` answers a reconcile: 200 with the key's answer, 404 when the key was
 //! never seen.
 
@@ -52,16 +55,27 @@ pub fn read_scripts(path: &std::path::Path) -> anyhow::Result<Vec<Script>> {
     Ok(scripts)
 }
 
-/// What one idempotency key of one function saw.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-struct KeyCount {
-    /// Requests that carried the key.
-    requests: u64,
-    /// The answer its first request got, when it took effect (not 5xx).
+/// A function and an idempotency key.
+type Slot = (String, String);
+
+/// What one idempotency key of one function got, over the whole kit run.
+#[derive(Debug, Default)]
+struct Answered {
+    /// The first final answer: what every later request of the key gets. A retryable
+    /// answer (5xx, 429, 408) is not kept: the next request is forwarded again.
     answer: Option<(u16, String)>,
     /// The body of its first request.
     body: Option<Bytes>,
-    /// A later request carried another body.
+    /// Requests that reached the function's endpoint or its script.
+    forwarded: u64,
+}
+
+/// What one idempotency key of one function saw in the current case.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct CaseCount {
+    /// Requests that carried the key.
+    requests: u64,
+    /// A request carried another body than the key's first (in any case).
     changed: bool,
 }
 
@@ -71,8 +85,33 @@ struct Shared {
     upstreams: BTreeMap<String, String>,
     scripts: Vec<Script>,
     client: reqwest::Client,
-    keys: Mutex<BTreeMap<(String, String), KeyCount>>,
+    /// Per key, for the whole kit run; each behind a lock of its own, held while its first
+    /// request is forwarded, so that a request of the key meanwhile waits for that answer.
+    answered: Mutex<BTreeMap<Slot, Arc<tokio::sync::Mutex<Answered>>>>,
+    /// Per key, for the current case.
+    case: Mutex<BTreeMap<Slot, CaseCount>>,
     asks: AtomicU64,
+}
+
+impl Shared {
+    fn slot(&self, slot: &Slot) -> Arc<tokio::sync::Mutex<Answered>> {
+        let mut answered = self.answered.lock().unwrap_or_else(|p| p.into_inner());
+        Arc::clone(answered.entry(slot.clone()).or_default())
+    }
+}
+
+/// An answer not to keep: the remote side may answer otherwise when asked again.
+fn retryable(status: u16) -> bool {
+    status >= 500 || status == 429 || status == 408
+}
+
+/// What the simulator saw of one function over the whole kit run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Forwarded {
+    /// Idempotency keys seen.
+    pub keys: u64,
+    /// Requests that reached the function's endpoint (or its script).
+    pub forwarded: u64,
 }
 
 /// A running simulator.
@@ -115,20 +154,22 @@ impl Simulator {
         format!("{}/fn/{name}", self.base)
     }
 
-    /// Forgets every key and count: the next run starts afresh.
+    /// Forgets the current case's counts, for the next case. The answers stay: a key
+    /// answered once is answered the same in every later case, without reaching the
+    /// function's endpoint again.
     pub fn reset(&self) {
         self.shared
-            .keys
+            .case
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clear();
         self.shared.asks.store(0, Ordering::SeqCst);
     }
 
-    /// Requests per (function, idempotency key).
+    /// Requests per (function, idempotency key) in the current case.
     pub fn keys(&self) -> BTreeMap<(String, String), u64> {
         self.shared
-            .keys
+            .case
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .iter()
@@ -136,17 +177,37 @@ impl Simulator {
             .collect()
     }
 
-    /// The (function, idempotency key) pairs whose requests did not all carry the same
-    /// arguments: a call made again that is not the same call.
+    /// The (function, idempotency key) pairs of the current case whose requests did not all
+    /// carry the same arguments: a call made again that is not the same call.
     pub fn changed(&self) -> Vec<(String, String)> {
         self.shared
-            .keys
+            .case
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .iter()
             .filter(|(_, count)| count.changed)
             .map(|(key, _)| key.clone())
             .collect()
+    }
+
+    /// Per function, over the whole kit run: keys seen, and requests that reached its
+    /// endpoint (or script).
+    pub async fn forwarded(&self) -> BTreeMap<String, Forwarded> {
+        let slots: Vec<(Slot, Arc<tokio::sync::Mutex<Answered>>)> = self
+            .shared
+            .answered
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(|(slot, answered)| (slot.clone(), Arc::clone(answered)))
+            .collect();
+        let mut by_function: BTreeMap<String, Forwarded> = BTreeMap::new();
+        for ((function, _), answered) in slots {
+            let entry = by_function.entry(function).or_default();
+            entry.keys += 1;
+            entry.forwarded += answered.lock().await.forwarded;
+        }
+        by_function
     }
 
     /// Reconcile questions answered.
@@ -195,33 +256,44 @@ async fn answer(
         .unwrap_or_default()
         .to_owned();
     let slot = (name.clone(), key);
+    let answered = shared.slot(&slot);
     if rest == "~status" {
         shared.asks.fetch_add(1, Ordering::SeqCst);
-        let keys = shared.keys.lock().unwrap_or_else(|p| p.into_inner());
-        return match keys.get(&slot).and_then(|count| count.answer.clone()) {
-            Some((status, body)) => (status_code(status), body),
-            None => (StatusCode::NOT_FOUND, String::new()),
+        // Each case stands for a remote of its own: it knows a call only if the case made
+        // it (the kit's answers are shared to spare the endpoint, not to answer for calls
+        // this case never made).
+        let made = shared
+            .case
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains_key(&slot);
+        return match &answered.lock().await.answer {
+            Some((status, body)) if made => (status_code(*status), body.clone()),
+            _ => (StatusCode::NOT_FOUND, String::new()),
         };
     }
+    // Held until the key has its answer: a request of the key meanwhile (a killed run's
+    // call still in flight while its recovery makes it again) waits, and gets it.
+    let mut answered = answered.lock().await;
     {
-        let mut keys = shared.keys.lock().unwrap_or_else(|p| p.into_inner());
-        let count = keys.entry(slot.clone()).or_default();
+        let mut case = shared.case.lock().unwrap_or_else(|p| p.into_inner());
+        let count = case.entry(slot).or_default();
         count.requests += 1;
-        match &count.body {
-            None => count.body = Some(body.clone()),
+        match &answered.body {
+            None => answered.body = Some(body.clone()),
             Some(first) => count.changed |= *first != body,
         }
-        if let Some((status, body)) = &count.answer {
-            return (status_code(*status), body.clone());
-        }
     }
+    if let Some((status, body)) = &answered.answer {
+        return (status_code(*status), body.clone());
+    }
+    answered.forwarded += 1;
     let (status, text) = match scripted(shared, &name, &body) {
         Some(result) => (200, result.to_string()),
         None => forward(shared, &name, &rest, method, headers, body).await,
     };
-    if status < 500 {
-        let mut keys = shared.keys.lock().unwrap_or_else(|p| p.into_inner());
-        keys.entry(slot).or_default().answer = Some((status, text.clone()));
+    if !retryable(status) {
+        answered.answer = Some((status, text.clone()));
     }
     (status_code(status), text)
 }
@@ -270,5 +342,78 @@ async fn forward(
             (status, response.text().await.unwrap_or_default())
         }
         Err(e) => (502, format!("{url}: {e}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicU64;
+
+    use super::*;
+
+    /// An endpoint that answers 503, then 429, then 200 with how often it was asked.
+    async fn flaky() -> (String, Arc<AtomicU64>) {
+        let asked = Arc::new(AtomicU64::new(0));
+        let app = Router::new().route(
+            "/charge",
+            any({
+                let asked = Arc::clone(&asked);
+                move || async move {
+                    match asked.fetch_add(1, Ordering::SeqCst) {
+                        0 => (StatusCode::SERVICE_UNAVAILABLE, "later".to_owned()),
+                        1 => (StatusCode::TOO_MANY_REQUESTS, "slow down".to_owned()),
+                        n => (StatusCode::OK, format!("{{\"asked\":{}}}", n + 1)),
+                    }
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        (format!("http://{addr}/charge"), asked)
+    }
+
+    #[tokio::test]
+    async fn a_key_reaches_the_endpoint_until_it_has_a_final_answer_and_never_after() {
+        let (url, asked) = flaky().await;
+        let simulator = Simulator::start(BTreeMap::from([("charge".to_owned(), url)]), Vec::new())
+            .await
+            .expect("starts");
+        let client = reqwest::Client::new();
+        let send = || async {
+            let response = client
+                .post(simulator.url("charge"))
+                .header("Idempotency-Key", "rw-1")
+                .body("{}")
+                .send()
+                .await
+                .expect("answered");
+            (
+                response.status().as_u16(),
+                response.text().await.expect("text"),
+            )
+        };
+        assert_eq!(send().await.0, 503, "a retryable answer is passed on");
+        assert_eq!(send().await.0, 429, "and not kept");
+        assert_eq!(send().await, (200, "{\"asked\":3}".to_owned()));
+        assert_eq!(send().await, (200, "{\"asked\":3}".to_owned()), "kept");
+        // The next case: the key's answer is served, the endpoint is not asked again.
+        simulator.reset();
+        assert_eq!(send().await, (200, "{\"asked\":3}".to_owned()));
+        assert_eq!(asked.load(Ordering::SeqCst), 3);
+        assert_eq!(
+            simulator.keys(),
+            BTreeMap::from([(("charge".to_owned(), "rw-1".to_owned()), 1)]),
+            "the case's own requests"
+        );
+        assert_eq!(
+            simulator.forwarded().await["charge"],
+            Forwarded {
+                keys: 1,
+                forwarded: 3
+            }
+        );
     }
 }

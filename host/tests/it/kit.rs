@@ -71,6 +71,27 @@ async fn every_example_agent_survives_a_crash_at_every_durable_boundary() {
                 CrashPoint::TornWrite,
             ],
         );
+        // The real endpoint saw each call once, however many cases made it.
+        let counts = mock.counts();
+        assert!(
+            counts.repeated_keys.is_empty(),
+            "{example}: keys sent to the endpoint more than once: {:?}",
+            counts.repeated_keys
+        );
+        for (function, calls) in &report.functions {
+            assert_eq!(
+                calls.forwarded,
+                calls.made,
+                "{example}: `{function}` reached its endpoint once per call:\n{}",
+                report.calls(false)
+            );
+            assert!(calls.served > 0, "{example}: {}", report.calls(false));
+        }
+        assert!(
+            report.calls(false).contains("sent to the function"),
+            "{}",
+            report.calls(false)
+        );
     }
 }
 

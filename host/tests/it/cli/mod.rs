@@ -457,3 +457,61 @@ fn an_event_no_action_handles_is_counted_or_fails_its_input_as_agent_toml_says()
     );
     assert_eq!(text(&failed.stdout).lines().count(), 1, "b's output only");
 }
+
+/// `rewind test` against a real endpoint: each call reaches it once over the whole kit run
+/// (the uninterrupted run and the crashed one), and the report says what became of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn test_sends_each_call_to_the_real_endpoint_once_and_says_what_became_of_the_calls() {
+    let remote = crate::remote::Remote::default();
+    let url = crate::remote::serve(remote.clone()).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let agent = caller_agent(
+        dir.path(),
+        &format!("[functions.charge]\nkind = \"http\"\nurl = \"{url}\"\n"),
+    );
+    let lines: String = (0..12)
+        .map(|i| {
+            format!(
+                "{{\"key\":\"k{i}\",\"payload\":{{\"calls\":[{{\"function\":\"charge\",\"args\":{{\"n\":{i}}}}}]}}}}\n"
+            )
+        })
+        .collect();
+    let input = write(dir.path(), "in.jsonl", &lines);
+    let work = dir.path().join("work");
+    let out = tokio::task::spawn_blocking({
+        let dir = dir.path().to_owned();
+        move || {
+            rewind(&dir)
+                .arg("test")
+                .arg(&agent)
+                .arg("--input")
+                .arg(&input)
+                .arg("--crash-at")
+                .arg("after-call:3")
+                .arg("--work")
+                .arg(&work)
+                .arg("-v")
+                .output()
+                .expect("rewind runs")
+        }
+    })
+    .await
+    .expect("join");
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
+    assert_eq!(
+        (remote.keys().len(), remote.repeats()),
+        (12, 0),
+        "each key reached the endpoint once: {stdout}"
+    );
+    assert!(
+        stdout.contains("charge: 12 made; 12 sent to the function"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("1 made again under the same key")
+            && stdout.contains("after-call:3: charge rw-")
+            && stdout.contains("made again 1 time"),
+        "the call in doubt at the crash, listed: {stdout}"
+    );
+}
