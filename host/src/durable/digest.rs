@@ -28,14 +28,20 @@ fn canonical_json(json: &str) -> Result<String, serde_json::Error> {
 pub fn idempotency_key(state: &ActionState, index: usize, function: &str, args: &Digest) -> String {
     match &state.incarnation {
         Some(incarnation) => {
-            // Fixed-size parts around the one that is not: the function's name.
-            let mut tail = Vec::with_capacity(4 + 16 + 8 + function.len() + 32);
-            tail.extend_from_slice(b"call");
-            tail.extend_from_slice(&incarnation.0);
-            tail.extend_from_slice(&(index as u64).to_le_bytes());
-            tail.extend_from_slice(function.as_bytes());
-            tail.extend_from_slice(&args.0);
-            key_text(&state_digest(&state.key, &tail))
+            let key = &state.key;
+            key_text(&Digest::of(&[
+                key.scope.tenant.as_bytes(),
+                key.scope.agent.as_bytes(),
+                key.scope.key.as_bytes(),
+                &key.sequence.to_le_bytes(),
+                key.action.as_bytes(),
+                &key.trigger.0,
+                b"call",
+                &incarnation.0,
+                &(index as u64).to_le_bytes(),
+                function.as_bytes(),
+                &args.0,
+            ]))
         }
         None => key_of_state_and_index(&state.key, index),
     }
@@ -137,7 +143,7 @@ mod tests {
         let five = args_digest(r#"{"amount":5}"#).expect("valid");
         assert_eq!(
             idempotency_key(&state, 0, "payments.charge", &five),
-            "rw-4dfc105b446c68207f1adbaa5a656a35"
+            "rw-1abfd3a4b869ffae2e02218de75e6303"
         );
     }
 
