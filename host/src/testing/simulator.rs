@@ -134,7 +134,7 @@ impl Simulator {
             ..Shared::default()
         });
         let app = Router::new()
-            .route("/fn/{name}", any(handle_root))
+            .route("/fn/{name}", any(handle))
             .route("/fn/{name}/{*rest}", any(handle))
             .with_state(Arc::clone(&shared));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
@@ -222,42 +222,43 @@ impl Drop for Simulator {
     }
 }
 
-async fn handle_root(
-    state: State<Arc<Shared>>,
-    Path(name): Path<String>,
-    method: Method,
-    headers: HeaderMap,
-    body: Bytes,
-) -> (StatusCode, String) {
-    answer(&state, name, String::new(), method, &headers, body).await
-}
-
-async fn handle(
-    state: State<Arc<Shared>>,
-    Path((name, rest)): Path<(String, String)>,
-    method: Method,
-    headers: HeaderMap,
-    body: Bytes,
-) -> (StatusCode, String) {
-    answer(&state, name, rest, method, &headers, body).await
-}
-
-async fn answer(
-    shared: &Shared,
-    name: String,
+/// A request to one function, as it came in.
+struct Request {
+    function: String,
+    /// The path after the function's name (`~status` for a reconcile question).
     rest: String,
     method: Method,
-    headers: &HeaderMap,
+    headers: HeaderMap,
+    body: Bytes,
+}
+
+/// Both routes: `/fn/{name}` and `/fn/{name}/{*rest}`.
+async fn handle(
+    State(shared): State<Arc<Shared>>,
+    Path(mut path): Path<BTreeMap<String, String>>,
+    method: Method,
+    headers: HeaderMap,
     body: Bytes,
 ) -> (StatusCode, String) {
-    let key = headers
+    let request = Request {
+        function: path.remove("name").unwrap_or_default(),
+        rest: path.remove("rest").unwrap_or_default(),
+        method,
+        headers,
+        body,
+    };
+    answer(shared, request).await
+}
+
+async fn answer(shared: Arc<Shared>, request: Request) -> (StatusCode, String) {
+    let key = request
+        .headers
         .get("idempotency-key")
         .and_then(|v| v.to_str().ok())
         .unwrap_or_default()
         .to_owned();
-    let slot = (name.clone(), key);
-    let answered = shared.slot(&slot);
-    if rest == "~status" {
+    let slot = (request.function.clone(), key);
+    if request.rest == "~status" {
         shared.asks.fetch_add(1, Ordering::SeqCst);
         // Each case stands for a remote of its own: it knows a call only if the case made
         // it (the kit's answers are shared to spare the endpoint, not to answer for calls
@@ -267,30 +268,44 @@ async fn answer(
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .contains_key(&slot);
-        return match &answered.lock().await.answer {
+        return match &shared.slot(&slot).lock().await.answer {
             Some((status, body)) if made => (status_code(*status), body.clone()),
             _ => (StatusCode::NOT_FOUND, String::new()),
         };
     }
-    // Held until the key has its answer: a request of the key meanwhile (a killed run's
-    // call still in flight while its recovery makes it again) waits, and gets it.
-    let mut answered = answered.lock().await;
+    // Seen to in a task of its own: when the client goes away mid-request (a killed run's
+    // call), the server drops this handler, but a forward already sent may have acted, so
+    // it runs on to its answer, and the answer is kept.
+    match tokio::spawn(forward_once(shared, slot, request)).await {
+        Ok(answer) => answer,
+        Err(e) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("the simulator failed: {e}"),
+        ),
+    }
+}
+
+/// The key's kept answer, or the request forwarded and its final answer kept. The key's
+/// lock is held until then: a request of the key meanwhile (a killed run's call still in
+/// flight while its recovery makes it again) waits, and gets that answer.
+async fn forward_once(shared: Arc<Shared>, slot: Slot, request: Request) -> (StatusCode, String) {
+    let mut answered = shared.slot(&slot).lock_owned().await;
     {
         let mut case = shared.case.lock().unwrap_or_else(|p| p.into_inner());
         let count = case.entry(slot).or_default();
         count.requests += 1;
         match &answered.body {
-            None => answered.body = Some(body.clone()),
-            Some(first) => count.changed |= *first != body,
+            None => answered.body = Some(request.body.clone()),
+            Some(first) => count.changed |= *first != request.body,
         }
     }
     if let Some((status, body)) = &answered.answer {
         return (status_code(*status), body.clone());
     }
     answered.forwarded += 1;
-    let (status, text) = match scripted(shared, &name, &body) {
+    let (status, text) = match scripted(&shared, &request.function, &request.body) {
         Some(result) => (200, result.to_string()),
-        None => forward(shared, &name, &rest, method, headers, body).await,
+        None => forward(&shared, request).await,
     };
     if !retryable(status) {
         answered.answer = Some((status, text.clone()));
@@ -311,18 +326,18 @@ fn scripted<'a>(shared: &'a Shared, function: &str, body: &[u8]) -> Option<&'a V
         .map(|s| &s.result)
 }
 
-async fn forward(
-    shared: &Shared,
-    name: &str,
-    rest: &str,
-    method: Method,
-    headers: &HeaderMap,
-    body: Bytes,
-) -> (u16, String) {
-    let Some(upstream) = shared.upstreams.get(name) else {
+async fn forward(shared: &Shared, request: Request) -> (u16, String) {
+    let Request {
+        function,
+        rest,
+        method,
+        headers,
+        body,
+    } = request;
+    let Some(upstream) = shared.upstreams.get(&function) else {
         return (
             502,
-            format!("no scripted answer and no endpoint for function `{name}`"),
+            format!("no scripted answer and no endpoint for function `{function}`"),
         );
     };
     let url = if rest.is_empty() {
@@ -331,7 +346,7 @@ async fn forward(
         format!("{}/{rest}", upstream.trim_end_matches('/'))
     };
     let mut request = shared.client.request(method, &url).body(body);
-    for (header, value) in headers {
+    for (header, value) in &headers {
         if header != "host" && header != "content-length" {
             request = request.header(header, value);
         }
@@ -373,6 +388,69 @@ mod tests {
         let addr = listener.local_addr().expect("addr");
         tokio::spawn(async move { axum::serve(listener, app).await });
         (format!("http://{addr}/charge"), asked)
+    }
+
+    /// A run killed mid-call drops its connection, and the server drops the request's
+    /// handler: the forward already sent goes on, its answer is kept, and the recovery's
+    /// request of the key gets it without reaching the endpoint again.
+    #[tokio::test]
+    async fn a_forward_outlives_the_request_that_went_away() {
+        let asked = Arc::new(AtomicU64::new(0));
+        let reached = Arc::new(tokio::sync::Notify::new());
+        // Closed until the test opens it; then every request passes.
+        let release = Arc::new(tokio::sync::Semaphore::new(0));
+        let app = Router::new().route(
+            "/charge",
+            any({
+                let (asked, reached, release) = (
+                    Arc::clone(&asked),
+                    Arc::clone(&reached),
+                    Arc::clone(&release),
+                );
+                move || async move {
+                    let n = asked.fetch_add(1, Ordering::SeqCst) + 1;
+                    reached.notify_one();
+                    let _open = release.acquire().await;
+                    format!("{{\"charged\":{n}}}")
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let shared = Arc::new(Shared {
+            upstreams: BTreeMap::from([("charge".to_owned(), format!("http://{addr}/charge"))]),
+            ..Shared::default()
+        });
+        let request = || {
+            let mut headers = HeaderMap::new();
+            headers.insert("idempotency-key", "rw-1".parse().expect("header"));
+            Request {
+                function: "charge".to_owned(),
+                rest: String::new(),
+                method: Method::POST,
+                headers,
+                body: Bytes::from_static(b"{}"),
+            }
+        };
+        // The killed run: its handler is dropped once the endpoint has the request.
+        tokio::select! {
+            _ = answer(Arc::clone(&shared), request()) => panic!("answered before release"),
+            () = reached.notified() => {}
+        }
+        release.add_permits(1);
+        let (status, body) = answer(Arc::clone(&shared), request()).await;
+        assert_eq!(
+            (status, body.as_str()),
+            (StatusCode::OK, r#"{"charged":1}"#)
+        );
+        assert_eq!(
+            asked.load(Ordering::SeqCst),
+            1,
+            "the endpoint was asked once"
+        );
     }
 
     #[tokio::test]
