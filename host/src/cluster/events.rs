@@ -4,8 +4,9 @@
 //!
 //! The key of an event is `TENANT.AGENT.DIGEST`, the digest of its id (an id may hold any
 //! character; a key may not). Its value says where the event was first seen (partition
-//! and position in the input stream) and a digest of its key and payload. The reader of a
-//! partition asks, for each input in order, whether it is the first of its id:
+//! and position in the input stream) and a digest of its key and payload (in canonical
+//! JSON). The reader of a partition asks, for each input in order, whether it is the first
+//! of its id:
 //! - no entry: it is; the entry is made (compare-and-set: one writer wins);
 //! - an entry for this very message: it is (read again after a host took the partition
 //!   over, or restarted);
@@ -15,17 +16,15 @@
 //! Every reader of a partition reads its messages in order, so each finds the same first
 //! message of an id, whichever host reads it and however often.
 
-use std::time::{Duration, Instant};
-
 use async_nats::jetstream;
-use async_nats::jetstream::kv::{self, CreateErrorKind, Operation};
+use async_nats::jetstream::kv;
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
 use super::Layout;
-use super::lease::open_bucket;
+use super::lease::{Created, create_or_read, open_bucket};
 use crate::agent::input::InputLine;
-use crate::log::jetstream::RETRY_FOR;
+use crate::durable::digest::input_trigger;
 use crate::store::Digest;
 
 /// Where an event id was first seen.
@@ -71,7 +70,7 @@ impl Events {
 
     /// Whether `input`, at `position` of `partition`'s stream of `tenant`'s `agent`, is the
     /// first message of its event id. Retried while NATS does not answer, up to
-    /// [`RETRY_FOR`].
+    /// [`RETRY_FOR`](crate::log::jetstream::RETRY_FOR).
     pub async fn verdict(
         &self,
         tenant: &str,
@@ -87,41 +86,22 @@ impl Events {
         let seen = Seen {
             partition,
             position,
-            digest: Digest::of(&[input.key.as_bytes(), input.payload.as_bytes()]).to_string(),
+            // The payload's canonical form: a repeat re-encoded (keys in another order,
+            // other whitespace) is the same event.
+            digest: Digest::of(&[input.key.as_bytes(), &input_trigger(&input.payload).0])
+                .to_string(),
         };
         let value = Bytes::from(serde_json::to_vec(&seen)?);
-        let started = Instant::now();
-        let mut attempt = 0u32;
-        loop {
-            let failed = match self.kv.create(&key, value.clone()).await {
-                Ok(_) => return Ok(Verdict::First),
-                Err(e) if e.kind() == CreateErrorKind::AlreadyExists => {
-                    match self.kv.entry(&key).await {
-                        Ok(Some(entry)) if entry.operation == Operation::Put => {
-                            let first: Seen =
-                                serde_json::from_slice(&entry.value).map_err(|e| {
-                                    anyhow::anyhow!(
-                                        "{}: the entry of event {id:?}: {e}",
-                                        self.bucket
-                                    )
-                                })?;
-                            return Ok(judge(&first, &seen));
-                        }
-                        // Not there after all: make it again.
-                        Ok(_) => continue,
-                        Err(e) => e.to_string(),
-                    }
-                }
-                Err(e) => e.to_string(),
-            };
-            anyhow::ensure!(
-                started.elapsed() < RETRY_FOR,
-                "{}: recording event {id:?} (retried for {RETRY_FOR:?}): {failed}",
-                self.bucket
-            );
-            attempt += 1;
-            tokio::time::sleep(Duration::from_millis((25u64 << attempt.min(5)).min(1_000))).await;
-        }
+        let what = format!("{}: recording event {id:?}", self.bucket);
+        Ok(match create_or_read(&self.kv, &key, &value, &what).await? {
+            Created::Made => Verdict::First,
+            Created::Found(entry) => {
+                let first: Seen = serde_json::from_slice(&entry.value).map_err(|e| {
+                    anyhow::anyhow!("{}: the entry of event {id:?}: {e}", self.bucket)
+                })?;
+                judge(&first, &seen)
+            }
+        })
     }
 }
 

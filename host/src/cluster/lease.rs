@@ -23,7 +23,7 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
 use crate::log::Authority;
-use crate::log::jetstream::{ensure_stream, retrying};
+use crate::log::jetstream::{RETRY_FOR, backoff, ensure_stream, retrying};
 
 /// What a lease key holds.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -111,6 +111,49 @@ pub(super) async fn open_bucket(
         context.get_key_value(bucket)
     })
     .await?)
+}
+
+/// What [`create_or_read`] found.
+pub(super) enum Created {
+    /// This caller's create made the key.
+    Made,
+    /// The key was there: its entry, which may be this caller's own (a create of it landed
+    /// and its answer was lost).
+    Found(kv::Entry),
+}
+
+/// Creates `key` holding `value` (compare-and-set: of any number of callers at once, one
+/// makes it), or reads back the entry that is there. A request NATS does not answer is
+/// retried with backoff for up to [`RETRY_FOR`] (`what` names the key in the error past
+/// it); a key deleted between the create and the read is created again.
+pub(super) async fn create_or_read(
+    kv: &kv::Store,
+    key: &str,
+    value: &Bytes,
+    what: &str,
+) -> anyhow::Result<Created> {
+    let started = Instant::now();
+    let mut attempt = 0;
+    loop {
+        let failed = match kv.create(key, value.clone()).await {
+            Ok(_) => return Ok(Created::Made),
+            Err(e) if e.kind() == CreateErrorKind::AlreadyExists => match kv.entry(key).await {
+                Ok(Some(entry)) if entry.operation == Operation::Put => {
+                    return Ok(Created::Found(entry));
+                }
+                Ok(_) => "deleted between its create and its read".to_owned(),
+                Err(e) => e.to_string(),
+            },
+            Err(e) => e.to_string(),
+        };
+        anyhow::ensure!(
+            started.elapsed() < RETRY_FOR,
+            "{what} (retried for {RETRY_FOR:?}): {failed}"
+        );
+        attempt += 1;
+        tracing::debug!(attempt, "{what}: {failed}; retrying");
+        tokio::time::sleep(backoff(attempt)).await;
+    }
 }
 
 impl Leases {
@@ -207,29 +250,41 @@ impl Leases {
                 self.ttl
             )
         };
-        let found = match self.kv.entry(&key).await? {
-            Some(entry) if entry.operation == Operation::Put => entry.revision,
-            _ => {
-                return match self.kv.create(&key, self.instance.clone()).await {
-                    Ok(_) => Ok(()),
-                    Err(e) if e.kind() == CreateErrorKind::AlreadyExists => Err(alive()),
-                    Err(e) => Err(e.into()),
-                };
-            }
+        let what = format!("claiming host name `{}` in cluster `{cluster}`", self.host);
+        let found = match create_or_read(&self.kv, &key, &self.instance, &what).await? {
+            Created::Made => return Ok(()),
+            // Its own create, whose answer was lost.
+            Created::Found(entry) if entry.value == self.instance => return Ok(()),
+            Created::Found(entry) => entry.revision,
         };
         let watched = Instant::now();
         while watched.elapsed() < self.ttl {
             tokio::time::sleep(self.ttl / 10).await;
-            match self.kv.entry(&key).await? {
+            let entry = retrying(&what, || self.kv.entry(&key)).await?;
+            match entry {
                 Some(entry) if entry.revision == found => {}
                 // Moved: a heartbeat, or the host leaving just now.
                 _ => return Err(alive()),
             }
         }
-        match self.kv.update(&key, self.instance.clone(), found).await {
-            Ok(_) => Ok(()),
-            Err(e) if e.kind() == UpdateErrorKind::WrongLastRevision => Err(alive()),
-            Err(e) => Err(e.into()),
+        let taken = retrying(&what, || async {
+            match self.kv.update(&key, self.instance.clone(), found).await {
+                Ok(_) => Ok(true),
+                Err(e) if e.kind() == UpdateErrorKind::WrongLastRevision => Ok(false),
+                Err(e) => Err(e),
+            }
+        })
+        .await?;
+        // Not taken: another host's heartbeat moved the key, or this host's update landed
+        // and its answer was lost (then the key holds this host's instance).
+        let mine = || async {
+            let entry = retrying(&what, || self.kv.entry(&key)).await?;
+            anyhow::Ok(entry.is_some_and(|entry| entry.value == self.instance))
+        };
+        if taken || mine().await? {
+            Ok(())
+        } else {
+            Err(alive())
         }
     }
 

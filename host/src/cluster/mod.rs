@@ -33,11 +33,11 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::agent::{AgentFile, Summary};
-use crate::log::jetstream::RETRY_FOR;
+use crate::log::jetstream::{RETRY_FOR, backoff};
 use crate::sandbox::Sandbox;
 use crate::store::Incarnation;
 use events::Events;
-use lease::{Lease, Leases, Renewal};
+use lease::{Created, Lease, Leases, Renewal, create_or_read};
 pub use partition::PartitionContext;
 
 /// Where a deployment's streams are and how they are laid out.
@@ -196,35 +196,15 @@ impl Layout {
             Ok((Bytes::from(serde_json::to_vec(&recorded)?), incarnation))
         };
         let (mine, incarnation) = record(self)?;
+        let what = format!("recording the layout of cluster `{}`", self.prefix);
         let started = Instant::now();
         let mut attempt = 0;
         loop {
-            // Not answered: the next look tells (a create whose answer was lost may have
-            // landed, and is then read back as this host's own).
-            let mut again = |why: String| {
-                anyhow::ensure!(
-                    started.elapsed() < RETRY_FOR,
-                    "recording the layout of cluster `{}` (retried for {RETRY_FOR:?}): {why}",
-                    self.prefix
-                );
-                attempt += 1;
-                Ok(Duration::from_millis((25u64 << attempt.min(5)).min(1_000)))
-            };
-            match leases.create("layout", mine.clone()).await {
-                Ok(_) => return Ok(incarnation),
-                Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => {}
-                Err(e) => {
-                    tokio::time::sleep(again(e.to_string())?).await;
-                    continue;
-                }
-            }
-            let entry = match leases.entry("layout").await {
-                Ok(Some(entry)) => entry,
-                Ok(None) => continue,
-                Err(e) => {
-                    tokio::time::sleep(again(e.to_string())?).await;
-                    continue;
-                }
+            // The entry there may be this host's own, made by a create whose answer was
+            // lost: it is read back like another host's.
+            let entry = match create_or_read(leases, "layout", &mine, &what).await? {
+                Created::Made => return Ok(incarnation),
+                Created::Found(entry) => entry,
             };
             let recorded: Recorded =
                 serde_json::from_slice(&entry.value).context("the recorded layout")?;
@@ -241,12 +221,18 @@ impl Layout {
                 return Ok(incarnation);
             }
             // Recorded before clusters had an incarnation: it gets one, by the one host
-            // whose compare-and-set lands; the others read it.
+            // whose compare-and-set lands; the others, and this one when its answer was
+            // lost, read it at the next look.
             let (with, incarnation) = record(self)?;
             if leases.update("layout", with, entry.revision).await.is_ok() {
                 return Ok(incarnation);
             }
-            tokio::time::sleep(again("the layout changed meanwhile".to_owned())?).await;
+            anyhow::ensure!(
+                started.elapsed() < RETRY_FOR,
+                "{what} (retried for {RETRY_FOR:?}): the layout kept changing"
+            );
+            attempt += 1;
+            tokio::time::sleep(backoff(attempt)).await;
         }
     }
 }

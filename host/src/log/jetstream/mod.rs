@@ -296,7 +296,7 @@ fn io(context: impl Into<String>, error: impl fmt::Display) -> LogError {
 }
 
 /// The wait before attempt `attempt` (from 1) of a retried operation.
-fn backoff(attempt: u32) -> Duration {
+pub(crate) fn backoff(attempt: u32) -> Duration {
     Duration::from_millis((25u64 << attempt.min(6)).min(1_000))
 }
 

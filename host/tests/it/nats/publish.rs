@@ -86,19 +86,22 @@ async fn an_event_published_again_runs_once() {
     );
 
     // `order-1` again as a publisher that retried past JetStream's window sends it: no
-    // message id. Then `order-2`'s id with another payload.
+    // message id, and its JSON written another way (keys in another order, spaces). Then
+    // `order-2`'s id with another payload.
     let jetstream = async_nats::jetstream::new(connect_nats(&url).await.expect("connects"));
     let subject = "t.in.default.billing.".to_owned();
     let partition = rewind_host::store::KeyScope::new("default", "billing", "customer-0")
         .partition(super::cluster::PARTITIONS);
     for message in [
-        json!({ "id": "order-1", "key": "customer-0", "payload": { "calls": [
-            { "function": "charge", "args": { "input": 1 } }] } }),
+        r#"{"id": "order-1", "key": "customer-0", "payload": {"calls": [
+            {"function": "charge", "args": {"input": 1}}]}}"#
+            .to_owned(),
         json!({ "id": "order-2", "key": "customer-0", "payload": { "calls": [
-            { "function": "charge", "args": { "input": 99 } }] } }),
+            { "function": "charge", "args": { "input": 99 } }] } })
+        .to_string(),
     ] {
         jetstream
-            .publish(format!("{subject}{partition}"), message.to_string().into())
+            .publish(format!("{subject}{partition}"), message.into())
             .await
             .expect("publish")
             .await
@@ -120,6 +123,12 @@ async fn an_event_published_again_runs_once() {
     )
     .await;
     tokio::time::sleep(Duration::from_millis(300)).await;
+    let log = host.log();
+    assert!(
+        log.contains("an event published again; dropped")
+            && !log.contains("event id \"order-1\" was first published with another"),
+        "order-1 written another way is the same event: {log}"
+    );
 
     assert_eq!(
         outputs(&url, 1).await.len(),
