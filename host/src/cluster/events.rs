@@ -94,7 +94,7 @@ impl Events {
         let value = Bytes::from(serde_json::to_vec(&seen)?);
         let what = format!("{}: recording event {id:?}", self.bucket);
         Ok(match create_or_read(&self.kv, &key, &value, &what).await? {
-            Created::Made => Verdict::First,
+            Created::Made(_) => Verdict::First,
             Created::Found(entry) => {
                 let first: Seen = serde_json::from_slice(&entry.value).map_err(|e| {
                     anyhow::anyhow!("{}: the entry of event {id:?}: {e}", self.bucket)

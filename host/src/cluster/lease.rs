@@ -45,6 +45,8 @@ pub struct Leases {
     /// Drawn at open: what this process writes to its heartbeat key, so that another
     /// process under the same name is told apart.
     instance: Bytes,
+    /// The revision of this host's last write of its heartbeat key.
+    beat: u64,
 }
 
 /// A lease this host holds.
@@ -115,8 +117,8 @@ pub(super) async fn open_bucket(
 
 /// What [`create_or_read`] found.
 pub(super) enum Created {
-    /// This caller's create made the key.
-    Made,
+    /// This caller's create made the key, at this revision.
+    Made(u64),
     /// The key was there: its entry, which may be this caller's own (a create of it landed
     /// and its answer was lost).
     Found(kv::Entry),
@@ -136,7 +138,7 @@ pub(super) async fn create_or_read(
     let mut attempt = 0;
     loop {
         let failed = match kv.create(key, value.clone()).await {
-            Ok(_) => return Ok(Created::Made),
+            Ok(revision) => return Ok(Created::Made(revision)),
             Err(e) if e.kind() == CreateErrorKind::AlreadyExists => match kv.entry(key).await {
                 Ok(Some(entry)) if entry.operation == Operation::Put => {
                     return Ok(Created::Found(entry));
@@ -178,6 +180,7 @@ impl Leases {
             ttl,
             seen: HashMap::new(),
             instance: Bytes::from(format!("{:032x}", rand::random::<u128>())),
+            beat: 0,
         })
     }
 
@@ -193,11 +196,42 @@ impl Leases {
         format!("host.{}", self.host)
     }
 
-    /// Says this host is alive: moves its `host.NAME` key's revision.
-    pub async fn heartbeat(&self) {
-        if let Err(e) = self.kv.put(self.host_key(), self.instance.clone()).await {
-            tracing::debug!("heartbeat: {e}");
-        }
+    /// Says this host is alive: moves its `host.NAME` key's revision (compare-and-set on
+    /// the revision of its last beat). An error when another process goes by this host's
+    /// name now: this host's beats stopped for longer than a TTL (a pause, a partition from
+    /// NATS), it was taken for dead, and a host started under its name took the name over.
+    /// Two hosts must not go by one name, so this one is to stop. NATS not answering is no
+    /// error: the next beat tries again.
+    pub async fn heartbeat(&mut self) -> anyhow::Result<()> {
+        let key = self.host_key();
+        let failed = match self.kv.update(&key, self.instance.clone(), self.beat).await {
+            Ok(revision) => {
+                self.beat = revision;
+                return Ok(());
+            }
+            Err(e) if e.kind() == UpdateErrorKind::WrongLastRevision => {
+                match self.kv.entry(&key).await {
+                    // Its own beat, whose answer was lost.
+                    Ok(Some(entry))
+                        if entry.operation == Operation::Put && entry.value == self.instance =>
+                    {
+                        self.beat = entry.revision;
+                        return Ok(());
+                    }
+                    Ok(_) => anyhow::bail!(
+                        "another process goes by this host's name `{}` now: this host's \
+                         heartbeat stopped for longer than the lease TTL ({:?}), and a host \
+                         started under its name took the name over; this host stops",
+                        self.host,
+                        self.ttl
+                    ),
+                    Err(e) => e.to_string(),
+                }
+            }
+            Err(e) => e.to_string(),
+        };
+        tracing::debug!("heartbeat: {failed}");
+        Ok(())
     }
 
     /// How many hosts are alive: this one, and those whose heartbeat moved within a TTL
@@ -252,9 +286,15 @@ impl Leases {
         };
         let what = format!("claiming host name `{}` in cluster `{cluster}`", self.host);
         let found = match create_or_read(&self.kv, &key, &self.instance, &what).await? {
-            Created::Made => return Ok(()),
+            Created::Made(revision) => {
+                self.beat = revision;
+                return Ok(());
+            }
             // Its own create, whose answer was lost.
-            Created::Found(entry) if entry.value == self.instance => return Ok(()),
+            Created::Found(entry) if entry.value == self.instance => {
+                self.beat = entry.revision;
+                return Ok(());
+            }
             Created::Found(entry) => entry.revision,
         };
         let watched = Instant::now();
@@ -269,23 +309,23 @@ impl Leases {
         }
         let taken = retrying(&what, || async {
             match self.kv.update(&key, self.instance.clone(), found).await {
-                Ok(_) => Ok(true),
-                Err(e) if e.kind() == UpdateErrorKind::WrongLastRevision => Ok(false),
+                Ok(revision) => Ok(Some(revision)),
+                Err(e) if e.kind() == UpdateErrorKind::WrongLastRevision => Ok(None),
                 Err(e) => Err(e),
             }
         })
         .await?;
         // Not taken: another host's heartbeat moved the key, or this host's update landed
         // and its answer was lost (then the key holds this host's instance).
-        let mine = || async {
-            let entry = retrying(&what, || self.kv.entry(&key)).await?;
-            anyhow::Ok(entry.is_some_and(|entry| entry.value == self.instance))
+        let revision = match taken {
+            Some(revision) => Some(revision),
+            None => retrying(&what, || self.kv.entry(&key))
+                .await?
+                .filter(|entry| entry.value == self.instance)
+                .map(|entry| entry.revision),
         };
-        if taken || mine().await? {
-            Ok(())
-        } else {
-            Err(alive())
-        }
+        self.beat = revision.ok_or_else(alive)?;
+        Ok(())
     }
 
     /// Records that this cluster runs `tenant`'s `agent` (for publishers to check).

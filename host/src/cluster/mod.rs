@@ -203,7 +203,7 @@ impl Layout {
             // The entry there may be this host's own, made by a create whose answer was
             // lost: it is read back like another host's.
             let entry = match create_or_read(leases, "layout", &mine, &what).await? {
-                Created::Made => return Ok(incarnation),
+                Created::Made(_) => return Ok(incarnation),
                 Created::Found(entry) => entry,
             };
             let recorded: Recorded =
@@ -324,10 +324,16 @@ pub async fn run_host(
     let tick = options.lease_ttl / 3;
     tracing::info!(host = %options.host, partitions = layout.partitions, "joined");
     tokio::pin!(shutdown);
+    let mut name_taken = None;
     loop {
         tokio::select! {
             () = &mut shutdown => break,
             () = tokio::time::sleep(tick) => {}
+        }
+        if let Err(taken) = leases.heartbeat().await {
+            tracing::error!("{taken}");
+            name_taken = Some(taken);
+            break;
         }
         step(&mut leases, &partition, &mut hosted).await;
     }
@@ -348,8 +354,14 @@ pub async fn run_host(
             tokio::time::sleep(tick.min(Duration::from_millis(200))).await;
         }
     }
-    leases.leave().await;
-    Ok(())
+    match name_taken {
+        // The heartbeat key is the other host's now: it stays.
+        Some(taken) => Err(taken),
+        None => {
+            leases.leave().await;
+            Ok(())
+        }
+    }
 }
 
 /// What a host runs, and the partitions whose run failed, not to be taken again before a
@@ -379,7 +391,6 @@ const FINISH_WITHIN: Duration = Duration::from_secs(60);
 /// One round: renew what this host holds, reap what ended, and take or give partitions
 /// toward this host's share.
 async fn step(leases: &mut Leases, partition: &PartitionContext, hosted: &mut Hosted) {
-    leases.heartbeat().await;
     renew(leases, hosted).await;
     reap(hosted).await;
     let Hosted {

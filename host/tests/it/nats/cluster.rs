@@ -65,7 +65,7 @@ impl Host {
         self.child.as_ref().expect("running").id()
     }
 
-    fn signal(&self, signal: rustix::process::Signal) {
+    pub(super) fn signal(&self, signal: rustix::process::Signal) {
         let pid = rustix::process::Pid::from_raw(self.pid().cast_signed()).expect("a pid");
         rustix::process::kill_process(pid, signal).expect("signal");
     }
@@ -78,7 +78,7 @@ impl Host {
     }
 
     /// SIGTERM, and waits for a clean exit.
-    fn stop(&mut self) {
+    pub(super) fn stop(&mut self) {
         self.signal(rustix::process::Signal::TERM);
         let status = self.child.take().expect("running").wait().expect("wait");
         assert!(
@@ -86,6 +86,25 @@ impl Host {
             "host exited with {status}:\n{}",
             self.log()
         );
+    }
+
+    /// Waits for the host to exit by itself; a host still running after `within` fails the
+    /// test (a guard against a hang, not a measure).
+    pub(super) async fn exited(&mut self, within: Duration) -> std::process::ExitStatus {
+        let until = Instant::now() + within;
+        loop {
+            let child = self.child.as_mut().expect("running");
+            if let Some(status) = child.try_wait().expect("wait") {
+                self.child = None;
+                return status;
+            }
+            assert!(
+                Instant::now() < until,
+                "the host did not exit:\n{}",
+                self.log()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     pub(super) fn log(&self) -> String {

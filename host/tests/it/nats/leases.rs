@@ -129,21 +129,45 @@ async fn of_hosts_racing_for_a_lease_one_wins() {
 async fn live_hosts_counts_every_host_that_beats_and_forgets_one_that_stopped() {
     let server = NatsServers::single().expect("nats-server starts");
     let mut a = leases(&server.url(), "a").await;
-    let b = leases(&server.url(), "b").await;
-    let c = leases(&server.url(), "c").await;
-    a.heartbeat().await;
-    b.heartbeat().await;
-    c.heartbeat().await;
+    let mut b = leases(&server.url(), "b").await;
+    let mut c = leases(&server.url(), "c").await;
+    a.heartbeat().await.expect("beats");
+    b.heartbeat().await.expect("beats");
+    c.heartbeat().await.expect("beats");
     assert_eq!(a.live_hosts().await.expect("counted"), 3, "A, B and C");
     // C leaves; B stops beating and, after a TTL of A's watching, is no longer counted.
     c.leave().await;
     let until = Instant::now() + 2 * TTL;
     while Instant::now() < until {
-        a.heartbeat().await;
+        a.heartbeat().await.expect("beats");
         a.live_hosts().await.expect("counted");
         tokio::time::sleep(TTL / 4).await;
     }
     assert_eq!(a.live_hosts().await.expect("counted"), 1, "only A");
-    b.heartbeat().await;
+    b.heartbeat().await.expect("beats");
     assert_eq!(a.live_hosts().await.expect("counted"), 2, "B beats again");
+}
+
+/// A host whose beats stopped for a TTL is taken for dead, and a host started under its
+/// name takes the name over: the first learns it at its next beat.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_whose_name_was_taken_over_is_told_at_its_next_beat() {
+    let server = NatsServers::single().expect("nats-server starts");
+    let mut first = leases(&server.url(), "a").await;
+    first.heartbeat().await.expect("its own name");
+    let mut second = leases(&server.url(), "a").await;
+    second
+        .heartbeat()
+        .await
+        .expect("the name is the second's now");
+    let error = first
+        .heartbeat()
+        .await
+        .expect_err("the name is taken")
+        .to_string();
+    assert!(
+        error.contains("another process goes by this host's name `a` now"),
+        "{error}"
+    );
+    second.heartbeat().await.expect("the second's still");
 }

@@ -159,6 +159,32 @@ async fn publishing_to_an_agent_the_cluster_does_not_run_is_an_error() {
     );
 }
 
+/// A host paused past its TTL is taken for dead, and a host started under its name takes the
+/// name over: when the first wakes, it stops and says why, and the name stays the second's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_whose_name_was_taken_while_it_was_paused_stops_when_it_wakes() {
+    let world = world(NatsServers::single().expect("nats-server starts")).await;
+    let (url, dir) = (world.url.clone(), world.dir.path());
+    let mut first = Host::start(dir, &url, "a", 1, 1_000);
+    first.joined().await;
+    first.signal(rustix::process::Signal::STOP);
+    // The same agent from another directory, where the second host writes its log.
+    let other = dir.join("second");
+    std::fs::create_dir(&other).expect("mkdir");
+    std::fs::copy(dir.join("agent.toml"), other.join("agent.toml")).expect("copy");
+    let mut second = Host::start(&other, &url, "a", 1, 1_000);
+    second.joined().await;
+    first.signal(rustix::process::Signal::CONT);
+    let status = first.exited(Duration::from_secs(60)).await;
+    let said = first.log();
+    assert_eq!(status.code(), Some(1), "{said}");
+    assert!(
+        said.contains("another process goes by this host's name `a` now"),
+        "{said}"
+    );
+    second.stop();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_host_under_the_name_of_a_live_host_is_refused() {
     let world = world(NatsServers::single().expect("nats-server starts")).await;
