@@ -52,6 +52,11 @@ pub struct Finished {
     pub agent: String,
     pub key: String,
     pub sequence: u64,
+    /// The event id of the input it finished: which of two inputs accepted under one
+    /// sequence (two processes writing one journal) it is for. Builds before issue #21's
+    /// did not write it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub event_id: Option<String>,
     pub status: InputStatus,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,

@@ -398,6 +398,8 @@ impl TenantRuntime {
         let mut inner = Inner::default();
         let mut pending: BTreeMap<(String, String, u64), Queued> = BTreeMap::new();
         let mut last_finished: HashMap<(String, String), u64> = HashMap::new();
+        // Of inputs accepted under a sequence already handed out: (agent, event id).
+        let mut damaged_events: HashSet<(String, String)> = HashSet::new();
         journal::scan::<InputRecord>(&*self.journal, INPUTS, |offset, record| match record {
             InputRecord::Accepted(accepted) => {
                 let key = (accepted.agent.clone(), accepted.key.clone());
@@ -419,6 +421,7 @@ impl TenantRuntime {
                         event_id = %accepted.event_id, "journal damaged: {why}");
                     state.history.push((accepted.sequence, offset, None));
                     state.damaged.insert(offset, why);
+                    damaged_events.insert((accepted.agent.clone(), accepted.event_id.clone()));
                     inner
                         .events
                         .entry((accepted.agent, accepted.event_id))
@@ -452,12 +455,20 @@ impl TenantRuntime {
                 );
             }
             InputRecord::Finished(finished) => {
+                // The other process's input, which it ran: nothing of this one's.
+                if let Some(event_id) = &finished.event_id
+                    && damaged_events.contains(&(finished.agent.clone(), event_id.clone()))
+                {
+                    return;
+                }
                 let key = (finished.agent.clone(), finished.key.clone());
                 let state = inner.keys.entry(key.clone()).or_default();
                 state.memory = finished.memory;
                 let damaged = &state.damaged;
                 // The first `finished` of a sequence is its input's; one more (written by a
                 // second process, for an input it accepted under the same sequence) is not.
+                // A record that names its event is told apart above; one of an earlier
+                // build is taken for the first input's.
                 if let Some(entry) = state.history.iter_mut().rev().find(|(sequence, at, done)| {
                     *sequence == finished.sequence && !damaged.contains_key(at) && done.is_none()
                 }) {
@@ -916,6 +927,7 @@ impl TenantRuntime {
             agent: agent_name.to_owned(),
             key: key.to_owned(),
             sequence,
+            event_id: Some(queued.event_id.clone()),
             status,
             error,
             outputs: u32::try_from(outputs.len()).unwrap_or(u32::MAX),

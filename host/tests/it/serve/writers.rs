@@ -41,24 +41,31 @@ async fn a_second_server_on_one_state_directory_is_refused_naming_the_first() {
     drop(first);
 }
 
-/// Two servers each accepted two events for one key, both as #1 and #2, and wrote them to
-/// one journal (as two processes on one directory did before the lock). The server that
-/// opens it reports the second process's inputs as not run, shows none of them running,
-/// and goes on with the key.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_journal_two_processes_wrote_is_reported_and_no_input_runs_for_ever() {
+/// Two servers that each accepted events `a1`, `a2` and `b1`, `b2` for key `k` of agent
+/// `bot`, both as #1 and #2, each in a directory of its own (as two processes on one
+/// directory did before the lock), with each event's payload; and the admin's tokens.
+struct TwoWriters {
+    a: tempfile::TempDir,
+    b: tempfile::TempDir,
+    token: String,
+}
+
+async fn two_writers(a_payload: Value, b_payload: Value) -> TwoWriters {
     let (a, b) = (
         tempfile::tempdir().expect("tempdir"),
         tempfile::tempdir().expect("tempdir"),
     );
     let mut tokens = Vec::new();
-    for (dir, events) in [(&a, ["a1", "a2"]), (&b, ["b1", "b2"])] {
+    for (dir, events, payload) in [
+        (&a, ["a1", "a2"], &a_payload),
+        (&b, ["b1", "b2"], &b_payload),
+    ] {
         let server = Server::start(dir.path(), "").await;
         let token = server.tenant("acme").await;
         server.deploy("acme", &token, "bot", "caller", "").await;
         for id in events {
             let (status, body) = server
-                .submit("acme", &token, "bot", id, "k", json!({}))
+                .submit("acme", &token, "bot", id, "k", payload.clone())
                 .await;
             assert_eq!(status, StatusCode::ACCEPTED, "{body}");
         }
@@ -66,81 +73,178 @@ async fn a_journal_two_processes_wrote_is_reported_and_no_input_runs_for_ever() 
         server.stop().await;
         tokens.push(token);
     }
-    // A's journal made again with B's input records among A's, one from each in turn, as
-    // two processes appending at once wrote them.
-    let journal_dir = a.path().join("tenants/acme/journal");
-    let journal = |dir: &Path| {
-        FileLog::open(
-            dir,
-            FileLogOptions {
-                partitions: 2,
-                ..FileLogOptions::default()
-            },
-        )
-        .expect("the journal opens")
-        .0
-    };
-    let everything = |log: FileLog, partition: u32| async move {
-        let (start, end) = log.bounds(partition).await.expect("bounds");
-        let records = log
-            .read(
-                partition,
-                start,
-                usize::try_from(end - start).expect("fits"),
-            )
-            .await
-            .expect("read");
-        records.into_iter().map(|r| r.payload).collect::<Vec<_>>()
-    };
-    let a_inputs = everything(journal(&journal_dir), 0).await;
-    let a_outputs = everything(journal(&journal_dir), 1).await;
-    let b_inputs = everything(journal(&b.path().join("tenants/acme/journal")), 0).await;
-    std::fs::remove_dir_all(&journal_dir).expect("the old journal removed");
-    let merged = journal(&journal_dir);
-    let (mut a_inputs, mut b_inputs) = (a_inputs.into_iter(), b_inputs.into_iter());
-    loop {
-        let (from_a, from_b) = (a_inputs.next(), b_inputs.next());
-        if from_a.is_none() && from_b.is_none() {
-            break;
-        }
-        for record in from_a.into_iter().chain(from_b) {
-            merged.append(0, record).await.expect("append");
-        }
+    TwoWriters {
+        a,
+        b,
+        token: tokens.swap_remove(0),
     }
-    for record in a_outputs {
-        merged.append(1, record).await.expect("append");
-    }
-    drop(merged);
+}
 
-    let server = Server::start(a.path(), "").await;
-    let history = server.settled_history("acme", &tokens[0], "bot", "k").await;
-    let inputs = history["inputs"].as_array().expect("inputs");
-    let by_id = |id: &str| -> &Value {
-        inputs
-            .iter()
-            .find(|i| i["event_id"] == id)
-            .unwrap_or_else(|| panic!("{id} in {history}"))
-    };
+fn journal(dir: &Path) -> FileLog {
+    FileLog::open(
+        dir,
+        FileLogOptions {
+            partitions: 2,
+            ..FileLogOptions::default()
+        },
+    )
+    .expect("the journal opens")
+    .0
+}
+
+/// Every record of `partition` of the journal in `dir`, as JSON.
+async fn records(dir: &Path, partition: u32) -> Vec<Value> {
+    let log = journal(&dir.join("tenants/acme/journal"));
+    let (start, end) = log.bounds(partition).await.expect("bounds");
+    let read = log
+        .read(
+            partition,
+            start,
+            usize::try_from(end - start).expect("fits"),
+        )
+        .await
+        .expect("read");
+    read.iter()
+        .map(|r| serde_json::from_slice(&r.payload).expect("a JSON record"))
+        .collect()
+}
+
+/// Makes A's journal again, holding `inputs` and `outputs`, in that order.
+async fn rewrite(writers: &TwoWriters, inputs: &[Value], outputs: &[Value]) {
+    let dir = writers.a.path().join("tenants/acme/journal");
+    std::fs::remove_dir_all(&dir).expect("the old journal removed");
+    let merged = journal(&dir);
+    for (partition, records) in [(0, inputs), (1, outputs)] {
+        for record in records {
+            let bytes = serde_json::to_vec(record).expect("JSON");
+            merged.append(partition, bytes).await.expect("append");
+        }
+    }
+}
+
+/// The inputs of A's history, by event id, once the server that opens A's directory has
+/// settled.
+async fn settled_inputs(server: &Server, writers: &TwoWriters) -> (Value, Vec<Value>) {
+    let history = server
+        .settled_history("acme", &writers.token, "bot", "k")
+        .await;
+    let inputs = history["inputs"].as_array().expect("inputs").clone();
+    (history, inputs)
+}
+
+fn by_id<'a>(inputs: &'a [Value], id: &str, history: &Value) -> &'a Value {
+    inputs
+        .iter()
+        .find(|i| i["event_id"] == id)
+        .unwrap_or_else(|| panic!("{id} in {history}"))
+}
+
+fn assert_reported_as_the_other_writers(input: &Value, history: &Value) {
+    assert_eq!(input["status"], "failed", "{history}");
+    assert!(
+        input["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("two processes wrote")),
+        "{history}"
+    );
+}
+
+/// The inputs partition's records of `kind` (`accepted` or `finished`).
+fn of_kind<'a>(records: &'a [Value], kind: &str) -> Vec<&'a Value> {
+    records.iter().filter(|r| r.get(kind).is_some()).collect()
+}
+
+/// Two servers' input records written to one journal, one from each in turn. The server
+/// that opens it reports the second process's inputs as not run, shows none of them
+/// running, and goes on with the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_journal_two_processes_wrote_is_reported_and_no_input_runs_for_ever() {
+    let writers = two_writers(json!({}), json!({})).await;
+    let (a_inputs, b_inputs) = (
+        records(writers.a.path(), 0).await,
+        records(writers.b.path(), 0).await,
+    );
+    let mut inputs = Vec::new();
+    for turn in 0..a_inputs.len().max(b_inputs.len()) {
+        inputs.extend(a_inputs.get(turn).cloned());
+        inputs.extend(b_inputs.get(turn).cloned());
+    }
+    let outputs = records(writers.a.path(), 1).await;
+    rewrite(&writers, &inputs, &outputs).await;
+
+    let server = Server::start(writers.a.path(), "").await;
+    let (history, inputs) = settled_inputs(&server, &writers).await;
     assert_eq!(inputs.len(), 4, "{history}");
     for id in ["a1", "a2"] {
-        assert_eq!(by_id(id)["status"], "completed", "{history}");
-    }
-    for id in ["b1", "b2"] {
-        let input = by_id(id);
-        assert_eq!(input["status"], "failed", "{history}");
-        assert!(
-            input["error"]
-                .as_str()
-                .is_some_and(|e| e.contains("two processes wrote")),
+        assert_eq!(
+            by_id(&inputs, id, &history)["status"],
+            "completed",
             "{history}"
         );
     }
+    for id in ["b1", "b2"] {
+        assert_reported_as_the_other_writers(by_id(&inputs, id, &history), &history);
+    }
     // The key goes on after the damage.
     let (status, body) = server
-        .submit("acme", &tokens[0], "bot", "a3", "k", json!({}))
+        .submit("acme", &writers.token, "bot", "a3", "k", json!({}))
         .await;
     assert_eq!(status, StatusCode::ACCEPTED, "{body}");
     assert_eq!(body["sequence"], 3, "{body}");
-    let history = server.settled_history("acme", &tokens[0], "bot", "k").await;
-    assert_eq!(history["inputs"].as_array().map(Vec::len), Some(5));
+    let (_, inputs) = settled_inputs(&server, &writers).await;
+    assert_eq!(inputs.len(), 5);
+}
+
+/// The second process's inputs finished before the first's, and the first died before
+/// finishing `a2`: a `finished` record of the second process is not taken for the first's
+/// input (it names its event), so `a1` keeps its own, and `a2` runs again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_finished_record_of_the_other_writer_is_not_taken_for_this_ones() {
+    // A's inputs each write an output; B's write none: whose `finished` an input got shows.
+    let writers = two_writers(json!({}), json!({ "output": false })).await;
+    let (a_inputs, b_inputs) = (
+        records(writers.a.path(), 0).await,
+        records(writers.b.path(), 0).await,
+    );
+    let (a_accepted, b_accepted) = (
+        of_kind(&a_inputs, "accepted"),
+        of_kind(&b_inputs, "accepted"),
+    );
+    let mut inputs: Vec<Value> = Vec::new();
+    for (a, b) in a_accepted.iter().zip(&b_accepted) {
+        inputs.extend([(*a).clone(), (*b).clone()]);
+    }
+    inputs.extend(of_kind(&b_inputs, "finished").into_iter().cloned());
+    let a_first = of_kind(&a_inputs, "finished")
+        .into_iter()
+        .find(|r| r["finished"]["sequence"] == 1)
+        .expect("a1 finished");
+    inputs.push(a_first.clone());
+    let outputs: Vec<Value> = records(writers.a.path(), 1)
+        .await
+        .into_iter()
+        .filter(|o| o["sequence"] == 1)
+        .collect();
+    rewrite(&writers, &inputs, &outputs).await;
+
+    let server = Server::start(writers.a.path(), "").await;
+    let (history, inputs) = settled_inputs(&server, &writers).await;
+    assert_eq!(inputs.len(), 4, "{history}");
+    for id in ["a1", "a2"] {
+        let input = by_id(&inputs, id, &history);
+        assert_eq!(
+            (&input["status"], &input["outputs"]),
+            (&json!("completed"), &json!(1)),
+            "{id} finished by its own run: {history}"
+        );
+    }
+    for id in ["b1", "b2"] {
+        assert_reported_as_the_other_writers(by_id(&inputs, id, &history), &history);
+    }
+    let outputs = server.outputs("acme", &writers.token, 0).await;
+    assert_eq!(
+        outputs.len(),
+        2,
+        "one output of a1, one of a2's run: {outputs:?}"
+    );
 }
