@@ -210,15 +210,13 @@ impl Leases {
                 return Ok(());
             }
             Err(e) if e.kind() == UpdateErrorKind::WrongLastRevision => {
-                match self.kv.entry(&key).await {
+                match self.own_revision(&key).await {
                     // Its own beat, whose answer was lost.
-                    Ok(Some(entry))
-                        if entry.operation == Operation::Put && entry.value == self.instance =>
-                    {
-                        self.beat = entry.revision;
+                    Ok(Some(revision)) => {
+                        self.beat = revision;
                         return Ok(());
                     }
-                    Ok(_) => anyhow::bail!(
+                    Ok(None) => anyhow::bail!(
                         "another process goes by this host's name `{}` now: this host's \
                          heartbeat stopped for longer than the lease TTL ({:?}), and a host \
                          started under its name took the name over; this host stops",
@@ -317,15 +315,24 @@ impl Leases {
         .await?;
         // Not taken: another host's heartbeat moved the key, or this host's update landed
         // and its answer was lost (then the key holds this host's instance).
-        let revision = match taken {
-            Some(revision) => Some(revision),
-            None => retrying(&what, || self.kv.entry(&key))
+        self.beat = match taken {
+            Some(revision) => revision,
+            None => retrying(&what, || self.own_revision(&key))
                 .await?
-                .filter(|entry| entry.value == self.instance)
-                .map(|entry| entry.revision),
+                .ok_or_else(alive)?,
         };
-        self.beat = revision.ok_or_else(alive)?;
         Ok(())
+    }
+
+    /// The revision of `key` when it holds this process's instance: a write of this
+    /// process's landed there last.
+    async fn own_revision(&self, key: &str) -> Result<Option<u64>, kv::EntryError> {
+        Ok(self
+            .kv
+            .entry(key)
+            .await?
+            .filter(|entry| entry.operation == Operation::Put && entry.value == self.instance)
+            .map(|entry| entry.revision))
     }
 
     /// Records that this cluster runs `tenant`'s `agent` (for publishers to check).

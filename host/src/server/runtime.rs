@@ -457,6 +457,7 @@ impl TenantRuntime {
             InputRecord::Finished(finished) => {
                 // The other process's input, which it ran: nothing of this one's.
                 if let Some(event_id) = &finished.event_id
+                    && !damaged_events.is_empty()
                     && damaged_events.contains(&(finished.agent.clone(), event_id.clone()))
                 {
                     return;
