@@ -14,6 +14,7 @@
 //! - [`store`]: action states, the store trait, the in-memory and log-backed stores;
 //! - [`log`]: the partitioned durable log (in memory, the embedded file log, JetStream);
 //! - [`event`]: events, inputs and outputs;
+//! - [`text`]: text from outside (a guest's errors and logs), bounded and escaped;
 //! - [`crash`]: crash points at the durable boundaries, for tests that kill the process;
 //! - [`state_dir`]: a directory that holds state: one writer at a time, and its incarnation.
 
@@ -30,3 +31,4 @@ pub mod server;
 pub mod state_dir;
 pub mod store;
 pub mod testing;
+pub mod text;

@@ -8,8 +8,8 @@ use super::config::{AgentFile, FunctionConfig, FunctionKind};
 use super::{Action, Agent, DEFAULT_TENANT};
 use crate::durable::{CallBudget, CallPolicy, InDoubtPolicy};
 use crate::functions::{
-    AllowedHosts, Clock, Function, Functions, HttpConfig, HttpFunction, OpenAiChatConfig,
-    OpenAiChatFunction, RandomFunction, RetryPolicy, SystemClock, TimeFunction,
+    AllowedHosts, Clock, DEFAULT_MAX_RESPONSE_BYTES, Function, Functions, HttpConfig, HttpFunction,
+    OpenAiChatConfig, OpenAiChatFunction, RandomFunction, RetryPolicy, SystemClock, TimeFunction,
 };
 use crate::sandbox::{self, Sandbox};
 use crate::store::{ActionStateStore, InMemoryStore};
@@ -312,6 +312,11 @@ fn build_function(
             headers,
             reconcile_url: config.reconcile_url.clone(),
             allowed_hosts: allowed_hosts.cloned(),
+            max_response_bytes: config
+                .max_response_bytes
+                .map_or(DEFAULT_MAX_RESPONSE_BYTES, |bytes| {
+                    usize::try_from(bytes).unwrap_or(usize::MAX)
+                }),
         })
     };
     Ok(match config.kind {

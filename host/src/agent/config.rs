@@ -139,6 +139,10 @@ pub struct FunctionConfig {
     pub in_doubt: Option<InDoubtPolicy>,
     /// `http` with `in-doubt = "reconcile"`: where to ask what became of a call.
     pub reconcile_url: Option<String>,
+    /// `http`, `openai-chat`: bytes of an answer read (a call's, or a reconcile's); a
+    /// longer answer is a recorded failure, "response larger than N bytes". Default
+    /// 4 MiB.
+    pub max_response_bytes: Option<u64>,
 }
 
 /// Why an agent could not be loaded. Names the file and what is wrong in it.
@@ -264,6 +268,7 @@ impl FunctionConfig {
             ("headers", !self.headers.is_empty()),
             ("secret-headers", !self.secret_headers.is_empty()),
             ("reconcile-url", self.reconcile_url.is_some()),
+            ("max-response-bytes", self.max_response_bytes.is_some()),
         ];
         let (required, allowed): (&[&str], &[&str]) = match self.kind {
             FunctionKind::Http => (
@@ -275,6 +280,7 @@ impl FunctionConfig {
                     "headers",
                     "secret-headers",
                     "reconcile-url",
+                    "max-response-bytes",
                 ],
             ),
             FunctionKind::OpenaiChat => (
@@ -287,6 +293,7 @@ impl FunctionConfig {
                     "retries",
                     "headers",
                     "secret-headers",
+                    "max-response-bytes",
                 ],
             ),
             FunctionKind::Time | FunctionKind::Random | FunctionKind::Custom => (&[], &[]),

@@ -317,7 +317,7 @@ impl Agent {
                 memory: output.memory,
             })
             .await
-            .map_err(RunError::Fault)
+            .map_err(RunError::from)
     }
 
     /// Applies a completed action: its memory writes, its outputs, and the events it sent.

@@ -365,9 +365,9 @@ impl DurableCalls {
                     Ok(Reconciled::Failed(error)) => Err(FunctionError::Failed(error)),
                     Err(error) => Err(error),
                 };
-                let (outcome, answer) = answered(answer, request, "reconciling a call in doubt: ")?;
+                let answer = answered(answer, request, "reconciling a call in doubt: ")?;
                 let digest = self.state.calls[index].args_digest;
-                self.record(index, request, digest, outcome).await?;
+                let answer = self.record_answer(index, request, digest, answer).await?;
                 self.count(request.function, |s| s.reconciled += 1);
                 Ok(Some(answer))
             }
@@ -399,13 +399,47 @@ impl DurableCalls {
             self.write().await?;
         }
         crash::reached(CrashPoint::BeforeCall);
-        let (outcome, result) = answered(handler.call(request).await, request, "")?;
+        let answer = answered(handler.call(request).await, request, "")?;
         crash::reached(CrashPoint::AfterCall);
-        self.record(index, request, digest, outcome).await?;
+        let result = self.record_answer(index, request, digest, answer).await?;
         crash::reached(CrashPoint::AfterRecord);
         self.next += 1;
         self.count(request.function, |s| s.live += 1);
         Ok(result)
+    }
+
+    /// Records a function's answer at `index` and returns what the guest gets. An answer
+    /// that would make the state larger than the log takes in one record is recorded as a
+    /// failure saying so, which the guest gets instead: the call ran, and a replay must not
+    /// make it again.
+    async fn record_answer(
+        &mut self,
+        index: usize,
+        request: CallRequest<'_>,
+        digest: Digest,
+        (outcome, result): (CallOutcome, Result<String, CallError>),
+    ) -> Result<Result<String, CallError>, Fault> {
+        let answer_bytes = match &outcome {
+            CallOutcome::Succeeded(text) | CallOutcome::Failed(text) => text.len(),
+            CallOutcome::Pending => 0,
+        };
+        match self.record(index, request, digest, outcome).await {
+            Err(Fault::Store {
+                source: StoreError::TooLarge { size, max, .. },
+                ..
+            }) => {
+                let error = format!(
+                    "the answer of `{}` ({answer_bytes} bytes) would make the run's state \
+                     {size} bytes, more than the {max} the log takes in one record",
+                    request.function
+                );
+                self.record(index, request, digest, CallOutcome::Failed(error.clone()))
+                    .await?;
+                Ok(Err(CallError::Failed(error)))
+            }
+            Err(fault) => Err(fault),
+            Ok(()) => Ok(result),
+        }
     }
 
     /// Sets the record at `index` (dropping any after it) and writes the state.

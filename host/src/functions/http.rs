@@ -11,6 +11,10 @@ use super::{AllowedHosts, CallRequest, Function, FunctionError, Reconciled};
 /// Redirects followed before a call fails, as reqwest's default.
 const MAX_REDIRECTS: usize = 10;
 
+/// Bytes of an answer's body read before the call fails, unless `max-response-bytes` says
+/// otherwise: 4 MiB.
+pub const DEFAULT_MAX_RESPONSE_BYTES: usize = 4 << 20;
+
 /// Retries on transport errors and 5xx answers, with exponential backoff.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RetryPolicy {
@@ -56,6 +60,9 @@ pub struct HttpConfig {
     pub reconcile_url: Option<String>,
     /// When set, only these hosts are reached, redirects included.
     pub allowed_hosts: Option<AllowedHosts>,
+    /// Bytes of an answer's body (a call's or a reconcile's) read; a longer one is a
+    /// recorded failure, "response larger than N bytes", and is not asked for again.
+    pub max_response_bytes: usize,
 }
 
 impl fmt::Debug for HttpConfig {
@@ -68,6 +75,7 @@ impl fmt::Debug for HttpConfig {
             .field("headers", &names)
             .field("reconcile_url", &self.reconcile_url)
             .field("allowed_hosts", &self.allowed_hosts)
+            .field("max_response_bytes", &self.max_response_bytes)
             .finish()
     }
 }
@@ -155,8 +163,15 @@ impl JsonPoster {
             let outcome = match request.send().await {
                 Ok(response) => {
                     let status = response.status();
-                    match response.text().await {
-                        Ok(body) => Ok(Answer { status, body }),
+                    match read_body(response, self.config.max_response_bytes).await {
+                        Ok(Body::Read(body)) => Ok(Answer { status, body }),
+                        // Asked again, it would be as large: the call failed.
+                        Ok(Body::TooLarge) => {
+                            return Err(FunctionError::Failed(format!(
+                                "{method} {url}: response larger than {} bytes",
+                                self.config.max_response_bytes
+                            )));
+                        }
                         Err(e) => Err(describe(&e)),
                     }
                 }
@@ -188,6 +203,34 @@ impl JsonPoster {
             });
         }
     }
+}
+
+/// An answer's body, read as far as the cap.
+enum Body {
+    Read(String),
+    TooLarge,
+}
+
+/// Reads `response`'s body as a stream, stopping as soon as it is larger than `max` bytes
+/// (or says it will be): a remote cannot make the host hold more.
+async fn read_body(mut response: reqwest::Response, max: usize) -> Result<Body, reqwest::Error> {
+    if response
+        .content_length()
+        .is_some_and(|length| length > max as u64)
+    {
+        return Ok(Body::TooLarge);
+    }
+    let mut body = Vec::new();
+    while let Some(chunk) = response.chunk().await? {
+        if body.len() + chunk.len() > max {
+            return Ok(Body::TooLarge);
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(Body::Read(match String::from_utf8(body) {
+        Ok(text) => text,
+        Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
+    }))
 }
 
 fn describe(error: &reqwest::Error) -> String {

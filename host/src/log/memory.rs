@@ -23,13 +23,24 @@ impl Partition {
 #[derive(Debug)]
 pub struct MemoryLog {
     partitions: Vec<Mutex<Partition>>,
+    /// The largest record an append takes.
+    max_record: usize,
 }
 
 impl MemoryLog {
+    /// A log of `partitions` partitions whose records may be of any size.
     pub fn new(partitions: u32) -> Self {
         Self {
             partitions: (0..partitions.max(1)).map(|_| Mutex::default()).collect(),
+            max_record: usize::MAX,
         }
+    }
+
+    /// The same log, refusing a record longer than `max` bytes with
+    /// [`LogError::TooLarge`], as the file log and JetStream refuse one past theirs.
+    pub fn with_max_record(mut self, max: usize) -> Self {
+        self.max_record = max;
+        self
     }
 
     fn partition(&self, partition: u32) -> Result<std::sync::MutexGuard<'_, Partition>, LogError> {
@@ -51,6 +62,12 @@ impl Log for MemoryLog {
     }
 
     async fn append(&self, partition: u32, payload: Vec<u8>) -> Result<Offset, LogError> {
+        if payload.len() > self.max_record {
+            return Err(LogError::TooLarge {
+                size: payload.len(),
+                max: self.max_record,
+            });
+        }
         let mut p = self.partition(partition)?;
         let offset = p.end();
         p.records.push(payload);

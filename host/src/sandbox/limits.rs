@@ -22,6 +22,22 @@ pub struct Limits {
     /// Wall-clock and monotonic-clock readings one run may take, replayed ones included;
     /// each is kept in the run's state. Default 10,000.
     pub clock_readings_per_run: u32,
+    /// Bytes one run may write with `memory-set`, names and values together, every write
+    /// counted (a name written twice counts twice). Default 4 MiB.
+    pub memory_set_bytes: u64,
+    /// `memory-set` writes one run may make. Default 1,000.
+    pub memory_set_entries: u32,
+    /// Bytes of one memory name. Default 256.
+    pub memory_name_bytes: u32,
+    /// Bytes of one sent event, its kind and payload together. Default 1 MiB.
+    pub send_payload_bytes: u64,
+    /// Bytes one run may send, every event together. Default 4 MiB.
+    pub send_bytes: u64,
+    /// Events one run may send. Default 1,024.
+    pub sends_per_run: u32,
+    /// Bytes of log one run may write: its `log` calls, stdout and stderr together. What
+    /// comes past it is dropped, and one warning says how much. Default 256 KiB.
+    pub log_bytes: u64,
 }
 
 impl Default for Limits {
@@ -32,6 +48,13 @@ impl Default for Limits {
             timeout_ms: 30_000,
             calls_per_run: 64,
             clock_readings_per_run: 10_000,
+            memory_set_bytes: 4 << 20,
+            memory_set_entries: 1_000,
+            memory_name_bytes: 256,
+            send_payload_bytes: 1 << 20,
+            send_bytes: 4 << 20,
+            sends_per_run: 1_024,
+            log_bytes: 256 << 10,
         }
     }
 }
@@ -49,11 +72,45 @@ impl Limits {
 /// The limit a run ran into.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Limit {
-    Memory { mib: u32 },
-    Fuel { fuel: u64 },
-    Timeout { ms: u64 },
-    CallsPerRun { calls: u32 },
-    ClockReadings { readings: u32 },
+    Memory {
+        mib: u32,
+    },
+    Fuel {
+        fuel: u64,
+    },
+    Timeout {
+        ms: u64,
+    },
+    CallsPerRun {
+        calls: u32,
+    },
+    ClockReadings {
+        readings: u32,
+    },
+    MemorySetBytes {
+        bytes: u64,
+    },
+    MemorySetEntries {
+        entries: u32,
+    },
+    MemoryNameBytes {
+        bytes: u32,
+    },
+    SendPayloadBytes {
+        bytes: u64,
+    },
+    SendBytes {
+        bytes: u64,
+    },
+    SendsPerRun {
+        events: u32,
+    },
+    /// The run's action state is larger than the log takes in one record (not a limit of
+    /// `[limits]`, but the log's: a run that writes less memory or sends less fits).
+    StateBytes {
+        bytes: usize,
+        max: usize,
+    },
 }
 
 impl fmt::Display for Limit {
@@ -66,6 +123,17 @@ impl fmt::Display for Limit {
             Self::ClockReadings { readings } => {
                 write!(f, "clock-readings-per-run ({readings})")
             }
+            Self::MemorySetBytes { bytes } => write!(f, "memory-set-bytes ({bytes} bytes)"),
+            Self::MemorySetEntries { entries } => write!(f, "memory-set-entries ({entries})"),
+            Self::MemoryNameBytes { bytes } => write!(f, "memory-name-bytes ({bytes} bytes)"),
+            Self::SendPayloadBytes { bytes } => write!(f, "send-payload-bytes ({bytes} bytes)"),
+            Self::SendBytes { bytes } => write!(f, "send-bytes ({bytes} bytes)"),
+            Self::SendsPerRun { events } => write!(f, "sends-per-run ({events})"),
+            Self::StateBytes { bytes, max } => write!(
+                f,
+                "the run's state is {bytes} bytes, more than the {max} the log takes in one \
+                 record (write less memory, send less, or call for smaller results)"
+            ),
         }
     }
 }

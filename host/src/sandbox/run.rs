@@ -13,7 +13,8 @@ use super::limits::{Limit, Limits, MemoryCeiling};
 use super::wasi::GuestWasi;
 use crate::durable::{DurableCalls, Fault};
 use crate::event::Event;
-use crate::store::MemoryWrite;
+use crate::store::{MemoryWrite, StoreError};
+use crate::text;
 
 /// Fuel a guest may burn between yields to the async executor, so that a CPU-bound guest
 /// cannot hold a worker thread past its timeout.
@@ -49,7 +50,8 @@ pub struct RunOutput {
     pub memory: Vec<MemoryWrite>,
 }
 
-/// Why a run did not complete.
+/// Why a run did not complete. The texts that come from the guest are escaped and bounded
+/// ([`text::outside_error`]).
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
     /// The action returned an error.
@@ -59,6 +61,10 @@ pub enum RunError {
     Limit(Limit),
     #[error("the action trapped: {0}")]
     Trap(String),
+    /// The action asked the host for something it does not do (an event whose payload is
+    /// not JSON).
+    #[error("the host refused the action: {0}")]
+    Refused(String),
     #[error(transparent)]
     Fault(Fault),
     #[error("the component could not be instantiated: {0}")]
@@ -68,15 +74,42 @@ pub enum RunError {
     Host(String),
 }
 
+impl From<Fault> for RunError {
+    /// A fault that is a limit (of the run, or the log's on one state) is reported as one.
+    fn from(fault: Fault) -> Self {
+        match fault {
+            Fault::CallLimit { limit } => Self::Limit(Limit::CallsPerRun { calls: limit }),
+            Fault::ClockReadingLimit { limit } => {
+                Self::Limit(Limit::ClockReadings { readings: limit })
+            }
+            Fault::Store {
+                source: StoreError::TooLarge { size, max, .. },
+                ..
+            } => Self::Limit(Limit::StateBytes { bytes: size, max }),
+            fault => Self::Fault(fault),
+        }
+    }
+}
+
+/// What a run has written so far, counted against its limits.
+#[derive(Debug, Default)]
+pub(super) struct Used {
+    pub memory_set_bytes: u64,
+    pub memory_set_entries: u32,
+    pub sent_bytes: u64,
+}
+
 /// The data of one run's store: the guest's view of the host.
 #[derive(Debug)]
 pub(crate) struct RunState {
-    wasi: GuestWasi,
+    pub(super) wasi: GuestWasi,
     ceiling: MemoryCeiling,
     pub(super) labels: RunLabels,
+    pub(super) limits: Limits,
+    pub(super) used: Used,
     pub(super) durable: DurableCalls,
     /// Why a host import ended the run, kept to report it as itself rather than as a trap.
-    pub(super) fault: Option<Fault>,
+    pub(super) stop: Option<RunError>,
     pub(super) memory: Arc<BTreeMap<String, String>>,
     pub(super) writes: Vec<MemoryWrite>,
     pub(super) sent: Vec<Event>,
@@ -109,11 +142,13 @@ pub(super) async fn run(engine: &Engine, pre: &ActionPre<RunState>, input: RunIn
     let mut store = Store::new(
         engine,
         RunState {
-            wasi: GuestWasi::new(durable.ambient()),
+            wasi: GuestWasi::new(durable.ambient(), limits.log_bytes),
             ceiling: MemoryCeiling::new(limits.memory_bytes()),
             labels,
+            limits,
+            used: Used::default(),
             durable,
-            fault: None,
+            stop: None,
             memory,
             writes: Vec::new(),
             sent: Vec::new(),
@@ -158,7 +193,7 @@ pub(super) async fn run(engine: &Engine, pre: &ActionPre<RunState>, input: RunIn
             }))
         }
         Ok(Ok(Ok(()))) => Ok(()),
-        Ok(Ok(Err(message))) => Err(RunError::Failed(message)),
+        Ok(Ok(Err(message))) => Err(RunError::Failed(text::outside_error(&message))),
         Ok(Err((error, instantiating))) => {
             Err(classify(store.data_mut(), &limits, &error, instantiating))
         }
@@ -190,14 +225,8 @@ fn classify(
     error: &wasmtime::Error,
     instantiating: bool,
 ) -> RunError {
-    if let Some(fault) = state.fault.take() {
-        return match fault {
-            Fault::CallLimit { limit } => RunError::Limit(Limit::CallsPerRun { calls: limit }),
-            Fault::ClockReadingLimit { limit } => {
-                RunError::Limit(Limit::ClockReadings { readings: limit })
-            }
-            fault => RunError::Fault(fault),
-        };
+    if let Some(stop) = state.stop.take() {
+        return stop;
     }
     if error.downcast_ref::<Trap>() == Some(&Trap::OutOfFuel) {
         return RunError::Limit(Limit::Fuel { fuel: limits.fuel });
@@ -208,27 +237,29 @@ fn classify(
         });
     }
     if instantiating {
-        return RunError::Instantiate(format!("{error:#}"));
+        return RunError::Instantiate(text::outside_error(&format!("{error:#}")));
     }
-    RunError::Trap(format!("{error:?}"))
+    RunError::Trap(text::outside_error(&format!("{error:?}")))
 }
 
+/// The run's stdout and stderr, line by line, escaped; and one warning when the run wrote
+/// more log than `log-bytes` kept.
 fn log_output(state: &RunState) {
     let labels = &state.labels;
     for (stream, capture) in [
         ("stdout", &state.wasi.stdout),
         ("stderr", &state.wasi.stderr),
     ] {
-        let captured = capture.take();
-        for line in String::from_utf8_lossy(&captured.bytes).lines() {
+        for line in String::from_utf8_lossy(&capture.take()).lines() {
             tracing::info!(target: "rewind::guest", agent = %labels.agent, key = %labels.key,
-                sequence = labels.sequence, action = %labels.action, stream, "{line}");
-        }
-        if captured.dropped > 0 {
-            tracing::warn!(target: "rewind::guest", agent = %labels.agent, key = %labels.key,
                 sequence = labels.sequence, action = %labels.action, stream,
-                "{} more bytes dropped: a run keeps {} bytes of each stream",
-                captured.dropped, super::wasi::CAPTURE_BYTES);
+                "{}", text::escaped(line));
         }
+    }
+    let (dropped, limit) = state.wasi.log.dropped();
+    if dropped > 0 {
+        tracing::warn!(target: "rewind::guest", agent = %labels.agent, key = %labels.key,
+            sequence = labels.sequence, action = %labels.action,
+            "{dropped} bytes of the run's log dropped: a run may log log-bytes ({limit} bytes)");
     }
 }

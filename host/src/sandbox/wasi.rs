@@ -16,16 +16,14 @@ use wasmtime_wasi::{WasiCtx, WasiCtxBuilder};
 
 use crate::durable::{AmbientSource, RandomStream};
 
-/// Bytes of stdout (and of stderr) kept per run; what a guest writes past that is dropped
-/// (and counted), never an error the guest sees.
-pub(super) const CAPTURE_BYTES: usize = 64 * 1024;
-
 /// A run's WASI state and its captured output.
 pub(super) struct GuestWasi {
     pub ctx: WasiCtx,
     pub table: ResourceTable,
     pub stdout: Capture,
     pub stderr: Capture,
+    /// What the run may still log, shared by its streams and its `log` calls.
+    pub log: LogBudget,
 }
 
 impl std::fmt::Debug for GuestWasi {
@@ -35,9 +33,10 @@ impl std::fmt::Debug for GuestWasi {
 }
 
 impl GuestWasi {
-    pub fn new(ambient: &AmbientSource) -> Self {
-        let stdout = Capture::default();
-        let stderr = Capture::default();
+    pub fn new(ambient: &AmbientSource, log_bytes: u64) -> Self {
+        let log = LogBudget::new(log_bytes);
+        let stdout = Capture::new(&log);
+        let stderr = Capture::new(&log);
         let ctx = WasiCtxBuilder::new()
             .stdout(stdout.clone())
             .stderr(stderr.clone())
@@ -55,28 +54,91 @@ impl GuestWasi {
             table: ResourceTable::new(),
             stdout,
             stderr,
+            log,
         }
     }
 }
 
-/// One output stream of a run: the first [`CAPTURE_BYTES`] bytes, and how many were dropped.
-#[derive(Clone, Debug, Default)]
-pub(super) struct Capture(Arc<Mutex<Captured>>);
+/// The bytes of log a run may still write (`log-bytes`): its `log` calls, stdout and stderr
+/// draw from the one budget; what comes past it is dropped and counted, never an error the
+/// guest sees.
+#[derive(Clone, Debug)]
+pub(super) struct LogBudget(Arc<Mutex<Budget>>);
 
-#[derive(Debug, Default)]
-pub(super) struct Captured {
-    pub bytes: Vec<u8>,
-    pub dropped: usize,
+#[derive(Debug)]
+struct Budget {
+    limit: u64,
+    left: u64,
+    dropped: u64,
+}
+
+impl LogBudget {
+    fn new(limit: u64) -> Self {
+        Self(Arc::new(Mutex::new(Budget {
+            limit,
+            left: limit,
+            dropped: 0,
+        })))
+    }
+
+    /// How many of `wanted` bytes may be kept; the rest are counted as dropped.
+    pub fn take(&self, wanted: usize) -> usize {
+        let mut budget = self.lock();
+        let kept = usize::try_from(budget.left)
+            .unwrap_or(usize::MAX)
+            .min(wanted);
+        budget.left -= kept as u64;
+        budget.dropped += (wanted - kept) as u64;
+        kept
+    }
+
+    /// Whether `wanted` bytes may be kept whole; when not, they are counted as dropped.
+    pub fn take_whole(&self, wanted: usize) -> bool {
+        let mut budget = self.lock();
+        let wanted = wanted as u64;
+        if wanted <= budget.left {
+            budget.left -= wanted;
+            return true;
+        }
+        budget.dropped += wanted;
+        false
+    }
+
+    /// Bytes dropped so far, and the limit they were dropped at.
+    pub fn dropped(&self) -> (u64, u64) {
+        let budget = self.lock();
+        (budget.dropped, budget.limit)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Budget> {
+        self.0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// One output stream of a run: what the guest wrote to it, as far as the log budget kept it.
+#[derive(Clone, Debug)]
+pub(super) struct Capture {
+    bytes: Arc<Mutex<Vec<u8>>>,
+    budget: LogBudget,
 }
 
 impl Capture {
+    fn new(budget: &LogBudget) -> Self {
+        Self {
+            bytes: Arc::default(),
+            budget: budget.clone(),
+        }
+    }
+
     /// What the guest wrote, as far as it was kept.
-    pub fn take(&self) -> Captured {
+    pub fn take(&self) -> Vec<u8> {
         std::mem::take(&mut *self.lock())
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Captured> {
-        self.0
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<u8>> {
+        self.bytes
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
@@ -100,11 +162,8 @@ impl AsyncWrite for Capture {
         _cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
-        let mut captured = self.lock();
-        let room = CAPTURE_BYTES.saturating_sub(captured.bytes.len());
-        let kept = room.min(buf.len());
-        captured.bytes.extend_from_slice(&buf[..kept]);
-        captured.dropped += buf.len() - kept;
+        let kept = self.budget.take(buf.len());
+        self.lock().extend_from_slice(&buf[..kept]);
         Poll::Ready(Ok(buf.len()))
     }
 

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::config::TenantPolicy;
-use super::quota::{LimitsGiven, QuotaExceeded};
+use super::quota::QuotaExceeded;
 use super::tenants::check_name;
 use crate::agent::{Agent, AgentFile, Secrets};
 use crate::durable::CallBudget;
@@ -76,21 +76,17 @@ impl Builder {
                     .to_owned(),
             ));
         }
-        let given = if strict {
-            let limit = |key: &str| raw.get("limits").and_then(|l| l.get(key)).is_some();
-            LimitsGiven {
-                memory_mib: limit("memory-mib"),
-                fuel: limit("fuel"),
-                timeout_ms: limit("timeout-ms"),
-                parallelism: raw.contains_key("parallelism"),
-            }
-        } else {
-            LimitsGiven::default()
+        // A key agent.toml sets, by its path (limits it does not set are defaults).
+        let raw = toml::Value::Table(raw);
+        let given = |path: &[&str]| {
+            strict
+                && path
+                    .iter()
+                    .try_fold(&raw, |value, segment| value.get(segment))
+                    .is_some()
         };
         let config = &mut file.config;
-        self.policy
-            .quotas
-            .fit(&mut config.limits, &mut config.parallelism, given)?;
+        self.policy.quotas.fit(config, &given)?;
         for action in &mut config.actions {
             action.component = PathBuf::from(format!("{}.wasm", action.name));
         }

@@ -8,12 +8,12 @@ use std::sync::Arc;
 
 use serde::Deserialize;
 
-use super::quota::{QuotaOverrides, Quotas};
+use super::quota::Quotas;
 use super::tenants::check_name;
 use crate::functions::AllowedHosts;
 
 /// The server's configuration.
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields)]
 pub struct ServerConfig {
     /// Default 127.0.0.1:7070.
@@ -31,9 +31,10 @@ pub struct ServerConfig {
     #[serde(default = "default_shutdown_grace_ms")]
     pub shutdown_grace_ms: u64,
     pub admin_token: AdminToken,
-    /// Every tenant's quotas, unless its own section overrides them.
+    /// Every tenant's quotas ([`Quotas`], as written), unless its own section overrides
+    /// them.
     #[serde(default)]
-    pub quotas: Quotas,
+    pub quotas: toml::Table,
     /// What the operator grants each tenant, by name; a tenant not named here gets the
     /// default quotas, no hosts and no secrets.
     #[serde(default)]
@@ -41,7 +42,7 @@ pub struct ServerConfig {
 }
 
 /// `[tenants.NAME]`.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields)]
 pub struct TenantConfig {
     /// Hosts the tenant's functions may reach: `host` (any port) or `host:port`.
@@ -51,8 +52,9 @@ pub struct TenantConfig {
     /// their values stay in the host.
     #[serde(default)]
     pub secrets: BTreeMap<String, SecretSource>,
+    /// Any of [`Quotas`], over `[quotas]`.
     #[serde(default)]
-    pub quotas: QuotaOverrides,
+    pub quotas: toml::Table,
 }
 
 /// Where a secret's value is read from: exactly one of the two.
@@ -80,6 +82,15 @@ pub struct AdminToken {
     pub env: Option<String>,
     /// A file that holds it (trailing whitespace ignored). Relative to the config file.
     pub file: Option<PathBuf>,
+}
+
+/// The quotas of `[quotas]` with a tenant's `over` them.
+fn quotas_of(base: &toml::Table, over: &toml::Table) -> Result<Quotas, String> {
+    let mut merged = base.clone();
+    merged.extend(over.clone());
+    toml::Value::Table(merged)
+        .try_into()
+        .map_err(|e: toml::de::Error| e.message().to_owned())
 }
 
 /// The shortest admin token accepted.
@@ -140,8 +151,12 @@ impl ServerConfig {
             path: path.display().to_string(),
             message,
         };
+        quotas_of(&config.quotas, &toml::Table::new())
+            .map_err(|e| invalid(format!("[quotas]: {e}")))?;
         for (tenant, section) in &mut config.tenants {
             check_name(tenant).map_err(|e| invalid(format!("[tenants.{tenant}]: {e}")))?;
+            quotas_of(&config.quotas, &section.quotas)
+                .map_err(|e| invalid(format!("[tenants.{tenant}.quotas]: {e}")))?;
             AllowedHosts::new(&section.allow_hosts)
                 .map_err(|e| invalid(format!("[tenants.{tenant}] allow-hosts: {e}")))?;
             for (name, secret) in &mut section.secrets {
@@ -198,7 +213,7 @@ impl ServerConfig {
             secrets.insert(name.clone(), value);
         }
         Ok(TenantPolicy {
-            quotas: section.quotas.apply(self.quotas),
+            quotas: quotas_of(&self.quotas, &section.quotas).map_err(error)?,
             allowed_hosts: AllowedHosts::new(&section.allow_hosts).map_err(error)?,
             secrets: Arc::new(secrets),
         })

@@ -7,11 +7,17 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
+use crate::agent::AgentConfig;
 use crate::durable::CallBudget;
+use crate::functions::DEFAULT_MAX_RESPONSE_BYTES;
 use crate::sandbox::Limits;
 
 /// A tenant's quotas. `[quotas]` in rewind.toml sets them for every tenant;
 /// `[tenants.NAME.quotas]` overrides any of them for one.
+///
+/// The first group caps what an agent's `[limits]` (and its functions'
+/// `max-response-bytes`) may ask for, each under the same name; the second bounds the
+/// tenant as a whole.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
 pub struct Quotas {
@@ -21,6 +27,26 @@ pub struct Quotas {
     pub fuel: u64,
     /// Wall-clock time one run may take, in milliseconds. Default 30,000.
     pub timeout_ms: u64,
+    /// Durable calls one run may make. Default 64.
+    pub calls_per_run: u32,
+    /// Clock readings one run may take. Default 10,000.
+    pub clock_readings_per_run: u32,
+    /// Bytes one run may write to memory. Default 4 MiB.
+    pub memory_set_bytes: u64,
+    /// Memory writes one run may make. Default 1,000.
+    pub memory_set_entries: u32,
+    /// Bytes of one memory name. Default 256.
+    pub memory_name_bytes: u32,
+    /// Bytes of one sent event. Default 1 MiB.
+    pub send_payload_bytes: u64,
+    /// Bytes one run may send. Default 4 MiB.
+    pub send_bytes: u64,
+    /// Events one run may send. Default 1,024.
+    pub sends_per_run: u32,
+    /// Bytes of log one run may write. Default 256 KiB.
+    pub log_bytes: u64,
+    /// Bytes of a function's answer read. Default 4 MiB.
+    pub max_response_bytes: u64,
     /// Action runs of the tenant at once; more wait for a slot. An agent whose
     /// `parallelism` asks for more is refused. Default 4.
     pub concurrent_runs: u32,
@@ -40,37 +66,20 @@ impl Default for Quotas {
             memory_mib: limits.memory_mib,
             fuel: limits.fuel,
             timeout_ms: limits.timeout_ms,
+            calls_per_run: limits.calls_per_run,
+            clock_readings_per_run: limits.clock_readings_per_run,
+            memory_set_bytes: limits.memory_set_bytes,
+            memory_set_entries: limits.memory_set_entries,
+            memory_name_bytes: limits.memory_name_bytes,
+            send_payload_bytes: limits.send_payload_bytes,
+            send_bytes: limits.send_bytes,
+            sends_per_run: limits.sends_per_run,
+            log_bytes: limits.log_bytes,
+            max_response_bytes: DEFAULT_MAX_RESPONSE_BYTES as u64,
             concurrent_runs: 4,
             queued_inputs: 10_000,
             calls_per_minute: 600,
             stored_bytes: 1 << 30,
-        }
-    }
-}
-
-/// `[tenants.NAME.quotas]`: any of [`Quotas`], overriding `[quotas]`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "kebab-case", deny_unknown_fields)]
-pub struct QuotaOverrides {
-    pub memory_mib: Option<u32>,
-    pub fuel: Option<u64>,
-    pub timeout_ms: Option<u64>,
-    pub concurrent_runs: Option<u32>,
-    pub queued_inputs: Option<u64>,
-    pub calls_per_minute: Option<u32>,
-    pub stored_bytes: Option<u64>,
-}
-
-impl QuotaOverrides {
-    pub fn apply(&self, base: Quotas) -> Quotas {
-        Quotas {
-            memory_mib: self.memory_mib.unwrap_or(base.memory_mib),
-            fuel: self.fuel.unwrap_or(base.fuel),
-            timeout_ms: self.timeout_ms.unwrap_or(base.timeout_ms),
-            concurrent_runs: self.concurrent_runs.unwrap_or(base.concurrent_runs),
-            queued_inputs: self.queued_inputs.unwrap_or(base.queued_inputs),
-            calls_per_minute: self.calls_per_minute.unwrap_or(base.calls_per_minute),
-            stored_bytes: self.stored_bytes.unwrap_or(base.stored_bytes),
         }
     }
 }
@@ -84,74 +93,88 @@ pub struct QuotaExceeded {
     pub detail: String,
 }
 
-/// Which of an agent's limits its agent.toml sets (the others are defaults).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct LimitsGiven {
-    pub memory_mib: bool,
-    pub fuel: bool,
-    pub timeout_ms: bool,
-    pub parallelism: bool,
+/// Fits one value into its quota: a value its agent.toml `given` above the quota is
+/// refused, naming the quota and the key; one not given (a default) is lowered to it.
+fn fit_one<T: Copy + PartialOrd + Into<u64> + TryFrom<u64>>(
+    value: &mut T,
+    quota: T,
+    given: bool,
+    name: &'static str,
+    key: &str,
+) -> Result<(), QuotaExceeded> {
+    if *value <= quota {
+        return Ok(());
+    }
+    if given {
+        return Err(QuotaExceeded {
+            quota: name,
+            allowed: quota.into(),
+            detail: format!("agent.toml asks for {key} = {}", (*value).into()),
+        });
+    }
+    *value = quota;
+    Ok(())
 }
 
 impl Quotas {
-    /// Fits an agent's limits and parallelism into these quotas: a value its agent.toml
+    /// Fits an agent's limits, its functions' `max-response-bytes` and its parallelism into
+    /// these quotas. `given` says whether agent.toml sets a key, by its path (`["limits",
+    /// "fuel"]`, `["functions", NAME, "max-response-bytes"]`, `["parallelism"]`): a value it
     /// sets above a quota is refused, naming the quota; a default above one is lowered to it.
     pub fn fit(
         &self,
-        limits: &mut Limits,
-        parallelism: &mut usize,
-        given: LimitsGiven,
+        config: &mut AgentConfig,
+        given: &dyn Fn(&[&str]) -> bool,
     ) -> Result<(), QuotaExceeded> {
-        fn fit_one<T: Copy + PartialOrd + Into<u64>>(
-            value: &mut T,
-            quota: T,
-            given: bool,
-            name: &'static str,
-            key: &str,
-        ) -> Result<(), QuotaExceeded> {
-            if *value <= quota {
-                return Ok(());
-            }
-            if given {
-                return Err(QuotaExceeded {
-                    quota: name,
-                    allowed: quota.into(),
-                    detail: format!("agent.toml asks for {key} = {}", (*value).into()),
-                });
-            }
-            *value = quota;
-            Ok(())
+        let limits = &mut config.limits;
+        macro_rules! fit_limits {
+            ($($field:ident: $name:literal),* $(,)?) => {
+                $(fit_one(
+                    &mut limits.$field,
+                    self.$field,
+                    given(&["limits", $name]),
+                    $name,
+                    concat!("limits.", $name),
+                )?;)*
+            };
         }
-        fit_one(
-            &mut limits.memory_mib,
-            self.memory_mib,
-            given.memory_mib,
-            "memory-mib",
-            "limits.memory-mib",
-        )?;
-        fit_one(
-            &mut limits.fuel,
-            self.fuel,
-            given.fuel,
-            "fuel",
-            "limits.fuel",
-        )?;
-        fit_one(
-            &mut limits.timeout_ms,
-            self.timeout_ms,
-            given.timeout_ms,
-            "timeout-ms",
-            "limits.timeout-ms",
-        )?;
-        let mut runs = u64::try_from(*parallelism).unwrap_or(u64::MAX);
+        fit_limits!(
+            memory_mib: "memory-mib",
+            fuel: "fuel",
+            timeout_ms: "timeout-ms",
+            calls_per_run: "calls-per-run",
+            clock_readings_per_run: "clock-readings-per-run",
+            memory_set_bytes: "memory-set-bytes",
+            memory_set_entries: "memory-set-entries",
+            memory_name_bytes: "memory-name-bytes",
+            send_payload_bytes: "send-payload-bytes",
+            send_bytes: "send-bytes",
+            sends_per_run: "sends-per-run",
+            log_bytes: "log-bytes",
+        );
+        for (name, function) in &mut config.functions {
+            let key = format!("functions.{name}.max-response-bytes");
+            let mut bytes = function
+                .max_response_bytes
+                .unwrap_or(DEFAULT_MAX_RESPONSE_BYTES as u64);
+            fit_one(
+                &mut bytes,
+                self.max_response_bytes,
+                given(&["functions", name, "max-response-bytes"]),
+                "max-response-bytes",
+                &key,
+            )?;
+            function.max_response_bytes = Some(bytes);
+        }
+        let mut runs = u64::try_from(config.parallelism).unwrap_or(u64::MAX);
         fit_one(
             &mut runs,
             self.concurrent_runs.into(),
-            given.parallelism,
+            given(&["parallelism"]),
             "concurrent-runs",
             "parallelism",
         )?;
-        *parallelism = usize::try_from(runs).unwrap_or(usize::MAX);
+        config.parallelism = usize::try_from(runs).unwrap_or(usize::MAX);
         Ok(())
     }
 }
@@ -228,34 +251,69 @@ impl CallBudget for CallsPerMinute {
 mod tests {
     use super::*;
 
+    fn agent(extra: &str) -> AgentConfig {
+        let text = format!(
+            "name = \"a\"\n{extra}\n[[actions]]\nname = \"w\"\ncomponent = \"w.wasm\"\non = [\"input\"]\n\
+             [functions.f]\nkind = \"http\"\nurl = \"http://localhost/\"\n"
+        );
+        crate::agent::AgentFile::parse(std::path::Path::new("agent.toml"), &text)
+            .expect("an agent")
+            .config
+    }
+
     #[test]
     fn a_given_limit_over_a_quota_is_refused_and_a_default_lowered() {
         let quotas = Quotas {
             memory_mib: 16,
+            send_bytes: 1000,
+            max_response_bytes: 2000,
             concurrent_runs: 2,
             ..Quotas::default()
         };
-        let mut limits = Limits::default();
-        let mut parallelism = 8;
-        quotas
-            .fit(&mut limits, &mut parallelism, LimitsGiven::default())
-            .expect("defaults fit");
-        assert_eq!((limits.memory_mib, parallelism), (16, 2));
+        let mut config = agent("");
+        quotas.fit(&mut config, &|_| false).expect("defaults fit");
+        assert_eq!(
+            (
+                config.limits.memory_mib,
+                config.limits.send_bytes,
+                config.functions["f"].max_response_bytes,
+                config.parallelism
+            ),
+            (16, 1000, Some(2000), 2)
+        );
 
-        let mut limits = Limits {
-            memory_mib: 32,
-            ..Limits::default()
-        };
-        let given = LimitsGiven {
-            memory_mib: true,
-            ..LimitsGiven::default()
-        };
+        for (extra, key, quota) in [
+            (
+                "[limits]\nmemory-mib = 32",
+                "limits.memory-mib = 32",
+                "memory-mib",
+            ),
+            (
+                "[limits]\nsend-bytes = 1001",
+                "limits.send-bytes = 1001",
+                "send-bytes",
+            ),
+        ] {
+            let mut config = agent(extra);
+            let error = quotas
+                .fit(&mut config, &|path| {
+                    path[0] == "limits" && extra.contains(&format!("{} =", path[1]))
+                })
+                .expect_err("over");
+            assert_eq!(error.quota, quota);
+            assert!(error.to_string().contains(key), "{error}");
+        }
+        let mut config = agent("");
+        config.functions.get_mut("f").expect("f").max_response_bytes = Some(4096);
         let error = quotas
-            .fit(&mut limits, &mut parallelism, given)
+            .fit(&mut config, &|path| {
+                path == ["functions", "f", "max-response-bytes"]
+            })
             .expect_err("over");
-        assert_eq!(error.quota, "memory-mib");
         assert!(
-            error.to_string().contains("limits.memory-mib = 32"),
+            error
+                .to_string()
+                .contains("functions.f.max-response-bytes = 4096"),
             "{error}"
         );
     }

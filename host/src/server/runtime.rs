@@ -27,6 +27,7 @@ use crate::state_dir::{StateDirError, incarnation_of};
 use crate::store::{
     ActionStateStore, CallOutcome, KeyScope, LogStore, Marker, MarkerStrategy, StoreError,
 };
+use crate::text;
 
 /// Partitions of a tenant's state log.
 const STATE_PARTITIONS: u32 = 4;
@@ -930,7 +931,7 @@ impl TenantRuntime {
             sequence,
             event_id: Some(queued.event_id.clone()),
             status,
-            error,
+            error: error.as_deref().map(text::outside_error),
             outputs: u32::try_from(outputs.len()).unwrap_or(u32::MAX),
             actions,
             memory: memory.clone(),
@@ -1162,7 +1163,7 @@ fn summarize(store: &dyn ActionStateStore, scope: &KeyScope, sequence: u64) -> V
                     let (status, error) = match &call.outcome {
                         CallOutcome::Pending => ("pending", None),
                         CallOutcome::Succeeded(_) => ("succeeded", None),
-                        CallOutcome::Failed(error) => ("failed", Some(error.clone())),
+                        CallOutcome::Failed(error) => ("failed", Some(text::outside_error(error))),
                     };
                     CallSummary {
                         index: u32::try_from(index).unwrap_or(u32::MAX),

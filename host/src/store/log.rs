@@ -329,11 +329,18 @@ impl ActionStateStore for LogStore {
         let bytes = Bytes::copy_from_slice(&encoded);
         let partition = self.partition_of(&state.key.scope);
         let in_flight = InFlight::start(self, partition);
-        let offset = self
-            .log
-            .append(partition, encoded)
-            .await
-            .map_err(log_error("writing an action state"))?;
+        let size = encoded.len();
+        let offset = match self.log.append(partition, encoded).await {
+            Ok(offset) => offset,
+            Err(LogError::TooLarge { max, .. }) => {
+                return Err(StoreError::TooLarge {
+                    state: state.key.to_string(),
+                    size,
+                    max,
+                });
+            }
+            Err(e) => return Err(log_error("writing an action state")(e)),
+        };
         // Cached only now that the log has it.
         let mut shard = self.shard(partition);
         in_flight.settle(offset, &mut shard);

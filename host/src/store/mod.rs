@@ -69,6 +69,14 @@ pub enum StoreError {
         key: String,
         home: u32,
     },
+    /// The state is larger than the log takes in one record: writing it again fails the
+    /// same way (the run that made it must write less).
+    #[error("the state {state} is {size} bytes, more than the {max} the log takes in one record")]
+    TooLarge {
+        state: String,
+        size: usize,
+        max: usize,
+    },
     /// The log did not acknowledge a write or a read (disk full, server gone, ...).
     #[error("the log is unavailable: {0}")]
     Unavailable(String),
@@ -85,7 +93,8 @@ pub trait ActionStateStore: Send + Sync + std::fmt::Debug {
     /// ignored).
     ///
     /// When this returns `Ok`, the write is durable in the log and [`get`](Self::get) returns
-    /// it. On `Err` the cache is unchanged; the write may still have reached the log (an
+    /// it. A state larger than the log takes in one record is refused with
+    /// [`StoreError::TooLarge`], and nothing is written. On any other `Err` the cache is unchanged; the write may still have reached the log (an
     /// acknowledgement can be lost), which is harmless because a later write of the same key
     /// carries a higher version.
     async fn put(&self, state: &ActionState) -> Result<Version, StoreError>;

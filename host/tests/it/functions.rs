@@ -92,6 +92,33 @@ async fn serve() -> (SocketAddr, Seen) {
                 )
             }),
         )
+        .route(
+            "/huge",
+            post(|State(seen): State<Seen>, headers: HeaderMap| async move {
+                seen.push("huge", &headers);
+                // Says how long it is: refused before a byte of it is read.
+                axum::Json(json!({ "blob": "h".repeat(5 << 20) }))
+            }),
+        )
+        .route(
+            "/stream",
+            post(|State(seen): State<Seen>, headers: HeaderMap| async move {
+                seen.push("stream", &headers);
+                // Chunked, no length: read until it passes the cap.
+                let chunks = (0..64).map(|_| Ok::<_, std::io::Error>(vec![b' '; 1024]));
+                axum::body::Body::from_stream(futures_util::stream::iter(chunks))
+            }),
+        )
+        .route(
+            "/v1/chat/completions",
+            post(|State(seen): State<Seen>, headers: HeaderMap| async move {
+                seen.push("chat", &headers);
+                let content = "c".repeat(64 << 10);
+                axum::Json(json!({ "choices": [
+                    { "message": { "role": "assistant", "content": content } }
+                ] }))
+            }),
+        )
         .with_state(seen.clone());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
@@ -257,4 +284,72 @@ async fn openai_chat_returns_the_assistant_message() {
     let counts = mock.counts();
     assert_eq!(counts.by_idempotency_key.len(), 1);
     assert!(counts.by_idempotency_key.values().all(|&n| n == 1));
+}
+
+/// Runs `toml`'s `tool` once, then the same input again (the first run fails after the call
+/// at a gate, so the second replays it): the call's recorded failure, and how often the
+/// endpoint was asked.
+async fn recorded_failure(toml: &str, seen: &Seen, route: &'static str) -> String {
+    let gate = crate::support::Counting::unavailable_first(1);
+    let agent = agent_with(toml, memory_store(), &[("gate", gate)]);
+    let payload = json!({ "calls": [
+        { "function": "tool", "args": { "messages": [] } },
+        { "function": "gate", "args": {} },
+    ] });
+    agent.process(&input("k", 1, payload.clone())).await;
+    let report = agent.process(&input("k", 1, payload)).await;
+    assert!(report.error.is_none(), "{report:?}");
+    assert_eq!(
+        seen.requests(route).len(),
+        1,
+        "the replay is served the recorded failure"
+    );
+    first_output(&report)["results"][0]["error"]["failed"]
+        .as_str()
+        .expect("a recorded failure")
+        .to_owned()
+}
+
+#[tokio::test]
+async fn an_answer_longer_than_max_response_bytes_is_a_recorded_failure() {
+    let (addr, seen) = serve().await;
+    let toml = agent_toml(
+        "caller",
+        "",
+        &http_function(addr, "stream", "max-response-bytes = 10000"),
+    );
+    let failure = recorded_failure(&toml, &seen, "stream").await;
+    assert!(
+        failure.ends_with("response larger than 10000 bytes"),
+        "{failure}"
+    );
+}
+
+#[tokio::test]
+async fn an_answer_that_says_it_is_longer_than_the_default_cap_is_refused_unread() {
+    let (addr, seen) = serve().await;
+    let toml = agent_toml("caller", "", &http_function(addr, "huge", ""));
+    let failure = recorded_failure(&toml, &seen, "huge").await;
+    assert!(
+        failure.ends_with("response larger than 4194304 bytes"),
+        "{failure}"
+    );
+}
+
+#[tokio::test]
+async fn a_chat_answer_longer_than_max_response_bytes_is_a_recorded_failure() {
+    let (addr, seen) = serve().await;
+    let toml = agent_toml(
+        "caller",
+        "",
+        &format!(
+            "[functions.tool]\nkind = \"openai-chat\"\nbase-url = \"http://{addr}/v1\"\n\
+             model = \"m\"\nmax-response-bytes = 32768\n"
+        ),
+    );
+    let failure = recorded_failure(&toml, &seen, "chat").await;
+    assert!(
+        failure.ends_with("response larger than 32768 bytes"),
+        "{failure}"
+    );
 }

@@ -30,6 +30,7 @@ fn charge_at(url: &str) -> Arc<Functions> {
             headers: Vec::new(),
             reconcile_url: None,
             allowed_hosts: None,
+            max_response_bytes: rewind_host::functions::DEFAULT_MAX_RESPONSE_BYTES,
         })),
         None,
     );

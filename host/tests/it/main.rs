@@ -5,6 +5,7 @@
 mod support;
 
 mod ambient;
+mod bounds;
 mod calls;
 mod cli;
 mod concurrency;

@@ -3,13 +3,25 @@
 use crate::event::Event;
 use crate::sandbox::bindings::rewind::action::context::Host;
 use crate::sandbox::bindings::rewind::action::types::{self, Level};
-use crate::sandbox::run::RunState;
+use crate::sandbox::limits::Limit;
+use crate::sandbox::run::{RunError, RunState};
 use crate::store::MemoryWrite;
+use crate::text;
 
-/// Events one run may send; a guest that sends more is stopped.
-const MAX_SENT_EVENTS: usize = 1024;
-/// Bytes of one memory value.
-const MAX_MEMORY_VALUE: usize = 1 << 20;
+impl RunState {
+    /// Ends the run with `error`: kept to be reported as itself, not as the trap it causes.
+    pub(super) fn stop(&mut self, error: RunError) -> wasmtime::Error {
+        let message = error.to_string();
+        self.stop = Some(error);
+        wasmtime::Error::msg(message)
+    }
+}
+
+/// `used` + `more`, unless that passes `limit`.
+fn within(used: u64, more: usize, limit: u64) -> Option<u64> {
+    used.checked_add(u64::try_from(more).ok()?)
+        .filter(|&total| total <= limit)
+}
 
 impl Host for RunState {
     fn key(&mut self) -> wasmtime::Result<String> {
@@ -21,15 +33,30 @@ impl Host for RunState {
     }
 
     fn send(&mut self, event: types::Event) -> wasmtime::Result<()> {
-        if self.sent.len() >= MAX_SENT_EVENTS {
-            wasmtime::bail!("send: a run may send at most {MAX_SENT_EVENTS} events");
+        let limits = self.limits;
+        if self.sent.len() >= limits.sends_per_run as usize {
+            return Err(self.stop(RunError::Limit(Limit::SendsPerRun {
+                events: limits.sends_per_run,
+            })));
         }
+        let size = event.kind.len() + event.payload.len();
+        if size as u64 > limits.send_payload_bytes {
+            return Err(self.stop(RunError::Limit(Limit::SendPayloadBytes {
+                bytes: limits.send_payload_bytes,
+            })));
+        }
+        let Some(sent) = within(self.used.sent_bytes, size, limits.send_bytes) else {
+            return Err(self.stop(RunError::Limit(Limit::SendBytes {
+                bytes: limits.send_bytes,
+            })));
+        };
         if let Err(e) = serde_json::from_str::<serde::de::IgnoredAny>(&event.payload) {
-            wasmtime::bail!(
+            return Err(self.stop(RunError::Refused(text::outside_error(&format!(
                 "send: the payload of an event of kind `{}` is not JSON: {e}",
                 event.kind
-            );
+            )))));
         }
+        self.used.sent_bytes = sent;
         self.sent.push(Event::new(event.kind, event.payload));
         Ok(())
     }
@@ -41,17 +68,36 @@ impl Host for RunState {
     }
 
     fn memory_set(&mut self, name: String, value: String) -> wasmtime::Result<()> {
-        if value.len() > MAX_MEMORY_VALUE {
-            wasmtime::bail!(
-                "memory-set `{name}`: {} bytes is more than the {MAX_MEMORY_VALUE} a value may hold",
-                value.len()
-            );
+        let limits = self.limits;
+        if self.used.memory_set_entries >= limits.memory_set_entries {
+            return Err(self.stop(RunError::Limit(Limit::MemorySetEntries {
+                entries: limits.memory_set_entries,
+            })));
         }
+        if name.len() as u64 > u64::from(limits.memory_name_bytes) {
+            return Err(self.stop(RunError::Limit(Limit::MemoryNameBytes {
+                bytes: limits.memory_name_bytes,
+            })));
+        }
+        let size = name.len() + value.len();
+        let Some(written) = within(self.used.memory_set_bytes, size, limits.memory_set_bytes)
+        else {
+            return Err(self.stop(RunError::Limit(Limit::MemorySetBytes {
+                bytes: limits.memory_set_bytes,
+            })));
+        };
+        self.used.memory_set_entries += 1;
+        self.used.memory_set_bytes = written;
         self.writes.push(MemoryWrite { name, value });
         Ok(())
     }
 
     fn log(&mut self, level: Level, message: String) -> wasmtime::Result<()> {
+        // A message is kept whole or dropped whole (and counted, for the run's warning).
+        if !self.wasi.log.take_whole(message.len()) {
+            return Ok(());
+        }
+        let message = text::escaped(&message);
         let l = &self.labels;
         macro_rules! emit {
             ($level:expr) => {

@@ -18,11 +18,7 @@ impl Host for RunState {
                 CallError::Denied(m) => types::CallError::Denied(m),
                 CallError::UnknownFunction(m) => types::CallError::UnknownFunction(m),
             })),
-            Err(fault) => {
-                let message = fault.to_string();
-                self.fault = Some(fault);
-                Err(wasmtime::Error::msg(message))
-            }
+            Err(fault) => Err(self.stop(fault.into())),
         }
     }
 }

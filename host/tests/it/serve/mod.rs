@@ -4,6 +4,7 @@ mod auth;
 mod deploy;
 mod events;
 mod functions;
+mod hostile;
 mod load;
 mod openapi;
 mod quotas;
@@ -345,6 +346,69 @@ impl Endpoint {
 /// A caller script that makes one call of `function`.
 pub fn one_call(function: &str) -> Value {
     json!({ "calls": [{ "function": function }] })
+}
+
+/// `rewind serve` run as a process of its own.
+pub struct Process {
+    pub child: std::process::Child,
+    pub base: String,
+    /// What it wrote to stderr, line by line.
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+impl Process {
+    /// Starts `rewind serve --config CONFIG`, with `crash` armed, and waits until it listens.
+    pub fn start(config: &Path, crash: Option<&str>) -> Self {
+        use std::io::BufRead as _;
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_rewind"));
+        command
+            .args(["serve", "--config"])
+            .arg(config)
+            .env_remove(rewind_host::crash::ENV)
+            .stderr(std::process::Stdio::piped());
+        if let Some(crash) = crash {
+            command.env(rewind_host::crash::ENV, crash);
+        }
+        let mut child = command.spawn().expect("rewind serve starts");
+        let mut stderr = std::io::BufReader::new(child.stderr.take().expect("stderr"));
+        let mut said = Vec::new();
+        let mut base = None;
+        for line in (&mut stderr).lines() {
+            let line = line.expect("a line");
+            if let Some(url) = line.strip_prefix("rewind serve: listening on ") {
+                base = Some(url.to_owned());
+                break;
+            }
+            said.push(line);
+        }
+        let base = base.unwrap_or_else(|| panic!("the server did not start: {said:#?}"));
+        // Keep reading, so that the server never blocks on a full pipe.
+        let log = Arc::new(Mutex::new(said));
+        let kept = Arc::clone(&log);
+        std::thread::spawn(move || {
+            for line in stderr.lines().map_while(Result::ok) {
+                kept.lock().expect("lock").push(line);
+            }
+        });
+        Self { child, base, log }
+    }
+
+    /// The lines it wrote to stderr so far.
+    pub fn log(&self) -> Vec<String> {
+        self.log.lock().expect("lock").clone()
+    }
+
+    /// A field of its /proc/PID/status, in KiB (`VmRSS`: resident now, `VmHWM`: at most).
+    pub fn memory_kib(&self, field: &str) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
+            .expect("the server's /proc entry");
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix(field)?.strip_prefix(':'))
+            .and_then(|value| value.trim().strip_suffix("kB"))
+            .and_then(|kib| kib.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {field} in {status}"))
+    }
 }
 
 /// The rewind.toml of a server run as a process.

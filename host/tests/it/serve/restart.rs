@@ -2,44 +2,20 @@
 //! recorded call repeated, no output written twice.
 
 use std::collections::BTreeSet;
-use std::io::{BufRead as _, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::time::Duration;
 
 use reqwest::StatusCode;
 use serde_json::json;
 
-use super::{Endpoint, create, one_call, send, wait_outputs, write_config};
+use super::{Endpoint, Process, create, one_call, send, wait_outputs, write_config};
 use crate::support::guest;
 
 /// Starts `rewind serve --config CONFIG`, with `crash` armed; its child and base URL.
 fn start(config: &Path, crash: Option<&str>) -> (Child, String) {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_rewind"));
-    command
-        .args(["serve", "--config"])
-        .arg(config)
-        .env_remove(rewind_host::crash::ENV)
-        .stderr(Stdio::piped());
-    if let Some(crash) = crash {
-        command.env(rewind_host::crash::ENV, crash);
-    }
-    let mut child = command.spawn().expect("rewind serve starts");
-    let mut stderr = BufReader::new(child.stderr.take().expect("stderr"));
-    let mut said = Vec::new();
-    let mut base = None;
-    for line in (&mut stderr).lines() {
-        let line = line.expect("a line");
-        if let Some(url) = line.strip_prefix("rewind serve: listening on ") {
-            base = Some(url.to_owned());
-            break;
-        }
-        said.push(line);
-    }
-    // Keep draining, so that the server never blocks on a full pipe.
-    std::thread::spawn(move || for _ in stderr.lines() {});
-    let base = base.unwrap_or_else(|| panic!("the server did not start: {said:#?}"));
-    (child, base)
+    let process = Process::start(config, crash);
+    (process.child, process.base)
 }
 
 #[tokio::test]

@@ -12,6 +12,11 @@
 //! | `flood` | prints 256 KiB to stdout; outputs `{"printed": 262144}` |
 //! | `ambient` | reports what it finds of environment, arguments and stdin |
 //! | `trap` | panics with `boom` |
+//! | `memory` | sets `count` memory values of `bytes` bytes (names `m0`, `m1`, ...; `name-bytes` makes each name that long) |
+//! | `sends` | sends `count` events of kind `flood` whose payload is a JSON string of `bytes` bytes |
+//! | `logs` | logs `count` lines of `bytes` bytes through the host's log |
+//! | `forge` | logs a message and prints a line holding a newline and a forged host log line |
+//! | `fail` | returns an error of `bytes` bytes of control characters |
 
 use std::hint::black_box;
 use std::io::Write;
@@ -31,6 +36,11 @@ enum Mode {
     Flood,
     Ambient,
     Trap,
+    Memory,
+    Sends,
+    Logs,
+    Forge,
+    Fail,
 }
 
 #[derive(Debug, Deserialize)]
@@ -39,6 +49,15 @@ struct Script {
     /// `socket`: the loopback port to connect to (default 80).
     #[serde(default = "default_port")]
     port: u16,
+    /// The floods: how many times.
+    #[serde(default)]
+    count: usize,
+    /// The floods: bytes of each value, payload, line or error.
+    #[serde(default)]
+    bytes: usize,
+    /// `memory`: bytes of each name (default: as short as `m<index>`).
+    #[serde(default, rename = "name-bytes")]
+    name_bytes: usize,
 }
 
 fn default_port() -> u16 {
@@ -91,6 +110,41 @@ impl Action for Hostile {
                 }))
             }
             Mode::Trap => panic!("boom"),
+            Mode::Memory => {
+                // A JSON string of `bytes` bytes, quotes included, made once: the flood
+                // costs the guest little fuel.
+                let value = serde_json::to_string(&"m".repeat(script.bytes.saturating_sub(2)))?;
+                for index in 0..script.count {
+                    let mut name = format!("m{index}");
+                    if name.len() < script.name_bytes {
+                        name.push_str(&"n".repeat(script.name_bytes - name.len()));
+                    }
+                    rewind_guest::bindings::rewind::action::context::memory_set(&name, &value);
+                }
+                ctx.output(&json!({ "set": script.count }))
+            }
+            Mode::Sends => {
+                let event = Event::new("flood", &"s".repeat(script.bytes.saturating_sub(2)))?;
+                for _ in 0..script.count {
+                    ctx.send_event(event.clone());
+                }
+                ctx.output(&json!({ "sent": script.count }))
+            }
+            Mode::Logs => {
+                let line = "l".repeat(script.bytes);
+                for _ in 0..script.count {
+                    ctx.info(&line);
+                }
+                ctx.output(&json!({ "logged": script.count }))
+            }
+            Mode::Forge => {
+                let forged = "INFO rewind: the host says all is well";
+                ctx.warn(&format!("innocent\n{forged}\r\u{1b}[2K"));
+                println!("printed\r{forged}");
+                std::io::stdout().flush()?;
+                ctx.output(&json!({ "forged": true }))
+            }
+            Mode::Fail => Err(Error::msg("\u{1}".repeat(script.bytes))),
         }
     }
 }
