@@ -10,26 +10,6 @@ use std::fmt::Write as _;
 /// past it is cut, saying how much.
 pub const MAX_ERROR_BYTES: usize = 4096;
 
-/// `text` cut to its first `max` bytes (at a character boundary), followed by how many bytes
-/// were cut; `text` itself when it fits. At most `max` + 32 bytes.
-pub fn bounded(mut text: String, max: usize) -> String {
-    if text.len() <= max {
-        return text;
-    }
-    let total = text.len();
-    text.truncate(boundary(&text, max));
-    let _ = write!(text, " … ({} more bytes)", total - text.len());
-    text
-}
-
-/// The largest character boundary of `text` at or below `max`.
-fn boundary(text: &str, max: usize) -> usize {
-    (0..=max.min(text.len()))
-        .rev()
-        .find(|&at| text.is_char_boundary(at))
-        .unwrap_or(0)
-}
-
 /// `text` with every control character escaped (`\n`, `\r`, `\t`, `\u{1b}`, ...) and the
 /// Unicode line and paragraph separators too, so that it stays on the line it is put on.
 pub fn escaped(text: &str) -> Cow<'_, str> {
@@ -74,13 +54,6 @@ pub fn outside_error(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn bounded_text_is_cut_at_a_character_boundary_and_says_how_much_was_cut() {
-        assert_eq!(bounded("short".to_owned(), 10), "short");
-        let cut = bounded("ééééé".to_owned(), 5);
-        assert_eq!(cut, "éé … (6 more bytes)");
-    }
 
     #[test]
     fn control_characters_and_line_separators_are_escaped() {

@@ -14,7 +14,7 @@ use rewind_host::store::{
 };
 use serde_json::{Value, json};
 
-use crate::support::{agent_toml, agent_with, input, memory_store};
+use crate::support::{agent_toml, agent_with, error_of, input, memory_store};
 
 /// Runs the hostile guest's `script` under `limits`; the report, and the key's memory after.
 async fn hostile(script: Value, limits: &str) -> (InputReport, usize) {
@@ -25,14 +25,6 @@ async fn hostile(script: Value, limits: &str) -> (InputReport, usize) {
     );
     let report = agent.process(&input("k", 1, script)).await;
     (report, agent.memory("k").len())
-}
-
-fn error_of(report: &InputReport) -> String {
-    report
-        .error
-        .as_ref()
-        .map(ToString::to_string)
-        .unwrap_or_else(|| panic!("the run should fail: {report:?}"))
 }
 
 #[tokio::test]

@@ -7,7 +7,9 @@ use rewind_host::agent::{InputReport, JsonlSink, RunOptions, run_inputs};
 use rewind_host::sandbox::LoadError;
 use serde_json::json;
 
-use crate::support::{agent_toml, agent_with, first_output, input, memory_store, sandbox};
+use crate::support::{
+    agent_toml, agent_with, error_of, first_output, input, memory_store, sandbox,
+};
 
 async fn hostile(mode: &str, limits: &str) -> InputReport {
     let agent = agent_with(
@@ -16,14 +18,6 @@ async fn hostile(mode: &str, limits: &str) -> InputReport {
         &[],
     );
     agent.process(&input("k", 1, json!({ "mode": mode }))).await
-}
-
-fn error_of(report: &InputReport) -> String {
-    report
-        .error
-        .as_ref()
-        .map(ToString::to_string)
-        .unwrap_or_else(|| panic!("the run should fail: {report:?}"))
 }
 
 #[tokio::test]

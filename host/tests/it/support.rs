@@ -264,6 +264,15 @@ impl Function for Counting {
 }
 
 /// The payload of the first output, parsed.
+/// Why the input failed; panics when it did not.
+pub fn error_of(report: &rewind_host::agent::InputReport) -> String {
+    report
+        .error
+        .as_ref()
+        .map(ToString::to_string)
+        .unwrap_or_else(|| panic!("the run should fail: {report:?}"))
+}
+
 pub fn first_output(report: &rewind_host::agent::InputReport) -> serde_json::Value {
     let output = report
         .outputs
