@@ -53,10 +53,12 @@ const KEEP_RESIDENT: usize = 2 << 20;
 /// Bytes of each pooled linear memory kept resident and reset in place. Python's runtime
 /// dirties a few MiB of its heap in every run: resetting those pages in place rather than
 /// dropping them (and faulting them in again at the next run) took a trivial Python
-/// action's start + run from 2.1 to 1.6 ms (BENCHMARKS.md). With `pagemap_scan` (Linux 6.7+)
-/// only the pages a run dirtied are reset and stay resident; older kernels reset the whole
-/// resident prefix, and would want less.
-const MEMORY_KEEP_RESIDENT: usize = 64 << 20;
+/// action's start + run from 2.1 to 1.6 ms (BENCHMARKS.md). 8 MiB holds what Python and
+/// JavaScript dirty (64 MiB measured no faster), and is all a slot keeps of a run that
+/// filled its memory: what a guest takes beyond it goes back to the system when the run
+/// ends. With `pagemap_scan` (Linux 6.7+) only the pages a run dirtied are reset and stay
+/// resident; older kernels reset the whole resident prefix.
+const MEMORY_KEEP_RESIDENT: usize = 8 << 20;
 
 /// How a [`Sandbox`] is set up.
 #[derive(Clone, Debug)]
