@@ -26,6 +26,7 @@ macro_rules! log_conformance_tests {
             payloads_of_any_size_round_trip,
             an_unknown_partition_is_an_error,
             append_many_returns_offsets_in_order,
+            a_record_past_max_record_is_refused_and_nothing_is_written,
         );
     };
     (@cases $factory:expr; $($case:ident),* $(,)?) => {
@@ -219,4 +220,43 @@ pub async fn append_many_returns_offsets_in_order(factory: &dyn Factory) {
         .map(|r| r.payload)
         .collect();
     assert_eq!(zero, [b"a".to_vec(), b"c".to_vec()]);
+}
+
+/// Checked when the log's bound is small enough to make a record past it (every log but
+/// an unbounded [`MemoryLog`](super::MemoryLog)).
+pub async fn a_record_past_max_record_is_refused_and_nothing_is_written(factory: &dyn Factory) {
+    let log = factory(2);
+    let max = log.max_record(1);
+    assert!(
+        max >= 1 << 20,
+        "a log takes records of 1 MiB at least, not {max}"
+    );
+    if max > 256 << 20 {
+        return;
+    }
+    let error = log
+        .append(1, vec![0; max + 1])
+        .await
+        .expect_err("past the bound");
+    assert!(
+        matches!(error, LogError::TooLarge { size, max: m } if size == max + 1 && m == max),
+        "{error}"
+    );
+    let error = log
+        .append_many(vec![(0, b"small".to_vec()), (1, vec![0; max + 1])])
+        .await
+        .expect_err("one record past the bound");
+    assert!(matches!(error, LogError::TooLarge { .. }), "{error}");
+    for partition in 0..2 {
+        assert_eq!(
+            log.bounds(partition).await.expect("bounds"),
+            (0, 0),
+            "nothing was written to partition {partition}"
+        );
+    }
+    assert_eq!(
+        append(&*log, 1, &vec![7; max]).await,
+        0,
+        "at the bound is within"
+    );
 }

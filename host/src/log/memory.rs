@@ -61,6 +61,10 @@ impl Log for MemoryLog {
         u32::try_from(self.partitions.len()).unwrap_or(u32::MAX)
     }
 
+    fn max_record(&self, _partition: u32) -> usize {
+        self.max_record
+    }
+
     async fn append(&self, partition: u32, payload: Vec<u8>) -> Result<Offset, LogError> {
         if payload.len() > self.max_record {
             return Err(LogError::TooLarge {
@@ -127,5 +131,13 @@ mod tests {
         std::sync::Arc::new(MemoryLog::new(partitions))
     }
 
+    fn bounded_memory_log(partitions: u32) -> std::sync::Arc<dyn crate::log::Log> {
+        std::sync::Arc::new(MemoryLog::new(partitions).with_max_record(2 << 20))
+    }
+
     crate::log_conformance_tests!(memory_log);
+
+    mod bounded {
+        crate::log_conformance_tests!(super::bounded_memory_log);
+    }
 }

@@ -108,6 +108,12 @@ pub trait Log: Send + Sync + std::fmt::Debug {
     /// How many partitions the log has; partitions are numbered from 0.
     fn partitions(&self) -> u32;
 
+    /// The largest payload an append to `partition` (an existing one) takes. An append, or
+    /// an [`append_many`](Self::append_many), holding a longer payload fails with
+    /// [`LogError::TooLarge`] and writes nothing: a caller may then write something smaller
+    /// in its place.
+    fn max_record(&self, partition: u32) -> usize;
+
     /// Appends `payload` to `partition` and returns its offset.
     ///
     /// Returns only once the record is durable (for the file log: its bytes are synced to
@@ -120,6 +126,15 @@ pub trait Log: Send + Sync + std::fmt::Debug {
     /// their offsets in the same order, once all of them are durable. The log may make them
     /// durable together. On `Err`, any of them may or may not be in the log.
     async fn append_many(&self, records: Vec<(u32, Vec<u8>)>) -> Result<Vec<Offset>, LogError> {
+        for (partition, payload) in &records {
+            let max = self.max_record(*partition);
+            if payload.len() > max {
+                return Err(LogError::TooLarge {
+                    size: payload.len(),
+                    max,
+                });
+            }
+        }
         let mut offsets = Vec::with_capacity(records.len());
         for (partition, payload) in records {
             offsets.push(self.append(partition, payload).await?);
@@ -167,6 +182,9 @@ impl<G: std::fmt::Debug + Send + Sync> Guarded<G> {
 impl<G: std::fmt::Debug + Send + Sync> Log for Guarded<G> {
     fn partitions(&self) -> u32 {
         self.log.partitions()
+    }
+    fn max_record(&self, partition: u32) -> usize {
+        self.log.max_record(partition)
     }
     async fn append(&self, partition: u32, payload: Vec<u8>) -> Result<Offset, LogError> {
         self.log.append(partition, payload).await

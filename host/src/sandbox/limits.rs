@@ -25,6 +25,9 @@ pub struct Limits {
     /// Bytes one run may write with `memory-set`, names and values together, every write
     /// counted (a name written twice counts twice). Default 4 MiB.
     pub memory_set_bytes: u64,
+    /// Bytes of a key's short-term memory, names and values together, after a run's writes:
+    /// a run that would leave more fails, and the memory stays as it was. Default 16 MiB.
+    pub memory_bytes: u64,
     /// `memory-set` writes one run may make. Default 1,000.
     pub memory_set_entries: u32,
     /// Bytes of one memory name. Default 256.
@@ -49,6 +52,7 @@ impl Default for Limits {
             calls_per_run: 64,
             clock_readings_per_run: 10_000,
             memory_set_bytes: 4 << 20,
+            memory_bytes: 16 << 20,
             memory_set_entries: 1_000,
             memory_name_bytes: 256,
             send_payload_bytes: 1 << 20,
@@ -90,6 +94,9 @@ pub enum Limit {
     MemorySetBytes {
         bytes: u64,
     },
+    MemoryBytes {
+        bytes: u64,
+    },
     MemorySetEntries {
         entries: u32,
     },
@@ -124,6 +131,7 @@ impl fmt::Display for Limit {
                 write!(f, "clock-readings-per-run ({readings})")
             }
             Self::MemorySetBytes { bytes } => write!(f, "memory-set-bytes ({bytes} bytes)"),
+            Self::MemoryBytes { bytes } => write!(f, "memory-bytes ({bytes} bytes)"),
             Self::MemorySetEntries { entries } => write!(f, "memory-set-entries ({entries})"),
             Self::MemoryNameBytes { bytes } => write!(f, "memory-name-bytes ({bytes} bytes)"),
             Self::SendPayloadBytes { bytes } => write!(f, "send-payload-bytes ({bytes} bytes)"),

@@ -95,6 +95,8 @@ impl From<Fault> for RunError {
 #[derive(Debug, Default)]
 pub(super) struct Used {
     pub memory_set_bytes: u64,
+    /// The key's memory, in bytes, with the run's writes so far: counted at the first write.
+    pub memory_bytes: Option<u64>,
     pub memory_set_entries: u32,
     pub sent_bytes: u64,
 }

@@ -120,6 +120,19 @@ impl InputRecord {
     }
 }
 
+impl Finished {
+    /// The record as the journal holds it, `{"finished": {..}}`, as [`InputRecord::encode`]
+    /// writes it, without moving it into one.
+    pub fn encode(&self) -> Vec<u8> {
+        #[derive(Serialize)]
+        #[serde(rename_all = "kebab-case")]
+        enum Tagged<'a> {
+            Finished(&'a Finished),
+        }
+        serde_json::to_vec(&Tagged::Finished(self)).unwrap_or_default()
+    }
+}
+
 impl OutputRecord {
     pub fn encode(&self) -> Vec<u8> {
         serde_json::to_vec(self).unwrap_or_default()

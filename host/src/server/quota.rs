@@ -33,6 +33,8 @@ pub struct Quotas {
     pub clock_readings_per_run: u32,
     /// Bytes one run may write to memory. Default 4 MiB.
     pub memory_set_bytes: u64,
+    /// Bytes of a key's memory after a run. Default 16 MiB.
+    pub memory_bytes: u64,
     /// Memory writes one run may make. Default 1,000.
     pub memory_set_entries: u32,
     /// Bytes of one memory name. Default 256.
@@ -69,6 +71,7 @@ impl Default for Quotas {
             calls_per_run: limits.calls_per_run,
             clock_readings_per_run: limits.clock_readings_per_run,
             memory_set_bytes: limits.memory_set_bytes,
+            memory_bytes: limits.memory_bytes,
             memory_set_entries: limits.memory_set_entries,
             memory_name_bytes: limits.memory_name_bytes,
             send_payload_bytes: limits.send_payload_bytes,
@@ -145,6 +148,7 @@ impl Quotas {
             calls_per_run: "calls-per-run",
             clock_readings_per_run: "clock-readings-per-run",
             memory_set_bytes: "memory-set-bytes",
+            memory_bytes: "memory-bytes",
             memory_set_entries: "memory-set-entries",
             memory_name_bytes: "memory-name-bytes",
             send_payload_bytes: "send-payload-bytes",

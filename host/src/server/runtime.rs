@@ -168,6 +168,9 @@ pub struct Submitted {
     pub duplicate: bool,
 }
 
+/// Journal records to append, each with its partition.
+type Records = Vec<(u32, Vec<u8>)>;
+
 /// One input in a key's history.
 #[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
 pub struct HistoryEntry {
@@ -888,7 +891,7 @@ impl TenantRuntime {
         let produced: usize = outputs.iter().map(|o| o.payload.len()).sum::<usize>()
             + memory.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>();
         let (error, memory) = match (error, self.check_storage(produced as u64)) {
-            (None, Err(quota)) => (Some(quota.to_string()), memory_before),
+            (None, Err(quota)) => (Some(quota.to_string()), memory_before.clone()),
             (error, _) => (error, memory),
         };
         let actions = summarize(&*self.store, &scope, sequence);
@@ -934,10 +937,12 @@ impl TenantRuntime {
             error: error.as_deref().map(text::outside_error),
             outputs: u32::try_from(outputs.len()).unwrap_or(u32::MAX),
             actions,
-            memory: memory.clone(),
+            memory,
             finished_at: journal::now_ms(),
         };
-        let finished = InputRecord::Finished(finished).encode();
+        let (finished, encoded, records) = self.fit_journal(finished, records, &memory_before);
+        let memory = finished.memory;
+        let finished = encoded;
         let bytes =
             records.iter().map(|(_, r)| r.len() as u64).sum::<u64>() + finished.len() as u64;
         // The outputs are durable before the record that says the input finished, so that
@@ -987,6 +992,62 @@ impl TenantRuntime {
             self.outputs.send_modify(|end| *end = (*end).max(position));
         }
         Outcome::Finished
+    }
+
+    /// An input's end as the journal can take it. When its outputs or its `finished` record
+    /// are larger than a journal record, the input fails instead, saying so, with its
+    /// memory as before and no outputs; its call summaries lose their errors, then
+    /// themselves, until the record fits. (A record the journal cannot take would stop the
+    /// tenant, and the input would fail the same way at every start.)
+    fn fit_journal(
+        &self,
+        mut finished: Finished,
+        records: Records,
+        memory_before: &BTreeMap<String, String>,
+    ) -> (Finished, Vec<u8>, Records) {
+        let max_input = self.journal.max_record(INPUTS);
+        let max_output = self.journal.max_record(OUTPUTS);
+        let mut encoded = finished.encode();
+        let record_size = encoded.len();
+        let too_large = records
+            .iter()
+            .map(|(_, record)| (record.len(), max_output))
+            .chain([(record_size, max_input)])
+            .find(|&(size, max)| size > max);
+        let Some((bytes, max)) = too_large else {
+            return (finished, encoded, records);
+        };
+        let what = if bytes == record_size {
+            "its calls and memory make its finished record"
+        } else {
+            "one of its outputs makes a record of"
+        };
+        let before = finished
+            .error
+            .take()
+            .map_or_else(String::new, |e| format!(" ({e})"));
+        finished.error = Some(text::outside_error(&format!(
+            "{what} {bytes} bytes, more than the {max} the tenant's journal takes in one \
+             record{before}"
+        )));
+        finished.status = InputStatus::Failed;
+        finished.outputs = 0;
+        finished.memory = memory_before.clone();
+        encoded = finished.encode();
+        if encoded.len() > max_input {
+            for call in finished.actions.iter_mut().flat_map(|a| a.calls.iter_mut()) {
+                call.error = None;
+            }
+            encoded = finished.encode();
+        }
+        if encoded.len() > max_input {
+            finished.actions.clear();
+            encoded = finished.encode();
+        }
+        tracing::warn!(tenant = %self.name, agent = finished.agent, key = finished.key,
+            sequence = finished.sequence, "the input failed: {}",
+            finished.error.as_deref().unwrap_or_default());
+        (finished, encoded, Vec::new())
     }
 
     /// The journal did not take an input's end: no input of the tenant starts and no event

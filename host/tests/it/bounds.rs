@@ -66,6 +66,34 @@ async fn memory_writes_past_their_bytes_entries_or_name_length_fail_the_run() {
 }
 
 #[tokio::test]
+async fn a_keys_memory_past_memory_bytes_fails_the_run_that_would_grow_it() {
+    // Each input writes within its run's bounds; the key's memory grows across them.
+    let agent = agent_with(
+        &agent_toml("hostile", "", "[limits]\nmemory-bytes = 2500"),
+        memory_store(),
+        &[],
+    );
+    let write = |count: u64| json!({ "mode": "memory", "count": count, "bytes": 1000 });
+    let report = agent.process(&input("k", 1, write(2))).await;
+    assert!(report.error.is_none(), "{report:?}");
+    // Writing the same names again replaces them: the memory does not grow.
+    let report = agent.process(&input("k", 2, write(2))).await;
+    assert!(report.error.is_none(), "a rewrite is within: {report:?}");
+    let report = agent.process(&input("k", 3, write(3))).await;
+    let error = error_of(&report);
+    assert!(
+        error.contains("limit exceeded: memory-bytes (2500 bytes)"),
+        "{error}"
+    );
+    assert_eq!(agent.memory("k").len(), 2, "the memory is as it was");
+    let report = agent.process(&input("other", 1, write(2))).await;
+    assert!(
+        report.error.is_none(),
+        "another key has its own: {report:?}"
+    );
+}
+
+#[tokio::test]
 async fn sends_past_their_payload_total_or_count_fail_the_run() {
     // The measure: 200 sends of 8 MiB (7.4 GB resident before).
     for (script, limits, named) in [

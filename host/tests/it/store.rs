@@ -75,6 +75,9 @@ impl Log for Controlled {
     fn partitions(&self) -> u32 {
         self.inner.partitions()
     }
+    fn max_record(&self, partition: u32) -> usize {
+        self.inner.max_record(partition)
+    }
     async fn append(&self, partition: u32, payload: Vec<u8>) -> Result<Offset, LogError> {
         let held = self.hold.lock().expect("lock").take();
         if let Some(hold) = held {

@@ -143,6 +143,10 @@ impl Log for FileLog {
         self.shared.options.partitions
     }
 
+    fn max_record(&self, _partition: u32) -> usize {
+        entry::MAX_PAYLOAD
+    }
+
     async fn append(&self, partition: u32, payload: Vec<u8>) -> Result<Offset, LogError> {
         if payload.len() > entry::MAX_PAYLOAD {
             return Err(LogError::TooLarge {

@@ -611,6 +611,10 @@ impl Log for JetStreamLog {
         u32::try_from(self.partitions.len()).unwrap_or(u32::MAX)
     }
 
+    fn max_record(&self, partition: u32) -> usize {
+        self.partition(partition).map_or(0, |p| p.max_record)
+    }
+
     async fn append(&self, partition: u32, payload: Vec<u8>) -> Result<Offset, LogError> {
         let partition = self.partition(partition)?;
         Self::fits(partition, &payload)?;

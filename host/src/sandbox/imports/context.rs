@@ -17,6 +17,24 @@ impl RunState {
     }
 }
 
+impl RunState {
+    /// The bytes of the key's memory once `name` holds an entry of `size` bytes, its name
+    /// included: the memory as the run started, with the run's writes so far.
+    fn memory_bytes_with(&mut self, name: &str, size: usize) -> u64 {
+        let entry = |name: &str, value: &str| (name.len() + value.len()) as u64;
+        let total = *self
+            .used
+            .memory_bytes
+            .get_or_insert_with(|| self.memory.iter().map(|(n, v)| entry(n, v)).sum());
+        // The run's own newest write of `name` replaces what the memory held.
+        let replaced = match self.writes.iter().rev().find(|w| w.name == name) {
+            Some(write) => entry(&write.name, &write.value),
+            None => self.memory.get(name).map_or(0, |value| entry(name, value)),
+        };
+        total - replaced + size as u64
+    }
+}
+
 /// `used` + `more`, unless that passes `limit`.
 fn within(used: u64, more: usize, limit: u64) -> Option<u64> {
     used.checked_add(u64::try_from(more).ok()?)
@@ -86,8 +104,15 @@ impl Host for RunState {
                 bytes: limits.memory_set_bytes,
             })));
         };
+        let total = self.memory_bytes_with(&name, size);
+        if total > limits.memory_bytes {
+            return Err(self.stop(RunError::Limit(Limit::MemoryBytes {
+                bytes: limits.memory_bytes,
+            })));
+        }
         self.used.memory_set_entries += 1;
         self.used.memory_set_bytes = written;
+        self.used.memory_bytes = Some(total);
         self.writes.push(MemoryWrite { name, value });
         Ok(())
     }

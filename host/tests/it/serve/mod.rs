@@ -9,6 +9,7 @@ mod load;
 mod openapi;
 mod quotas;
 mod restart;
+mod wedge;
 mod writers;
 
 use std::collections::BTreeMap;
