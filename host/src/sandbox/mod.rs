@@ -11,6 +11,7 @@ mod wasi;
 
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use wasmtime::component::{Component, Linker};
 use wasmtime::{Config, Enabled, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
@@ -125,7 +126,7 @@ impl SandboxBuilder {
         run::add_to_linker(&mut linker)?;
         Ok(Sandbox {
             engine,
-            linker,
+            linker: Arc::new(linker),
             cache: self.cache,
             instances: self.instances,
             max_memory_mib: self.max_memory_mib,
@@ -136,7 +137,7 @@ impl SandboxBuilder {
 /// Compiles, checks and runs action components.
 pub struct Sandbox {
     engine: Engine,
-    linker: Linker<RunState>,
+    linker: Arc<Linker<RunState>>,
     cache: ComponentCache,
     instances: u32,
     max_memory_mib: u32,
@@ -154,6 +155,23 @@ impl fmt::Debug for Sandbox {
 impl Sandbox {
     pub fn builder() -> SandboxBuilder {
         SandboxBuilder::default()
+    }
+
+    /// The same sandbox (its engine, instance pool and linker), keeping compiled components
+    /// in `dir` instead: a server gives each tenant its own.
+    pub fn with_cache_dir(&self, dir: Option<PathBuf>) -> Self {
+        Self {
+            engine: self.engine.clone(),
+            linker: Arc::clone(&self.linker),
+            cache: ComponentCache::new(dir),
+            instances: self.instances,
+            max_memory_mib: self.max_memory_mib,
+        }
+    }
+
+    /// Where this sandbox keeps compiled components.
+    pub fn cache(&self) -> &ComponentCache {
+        &self.cache
     }
 
     /// Runs that may be live at once here.
@@ -232,8 +250,12 @@ impl Sandbox {
                 origin: origin.to_owned(),
             });
         }
+        let fits = |component: &Component| {
+            check::check(&self.engine, component).fits()
+                && self.linker.instantiate_pre(component).is_ok()
+        };
         self.cache
-            .component(&self.engine, &wasm)
+            .component(&self.engine, &wasm, &fits)
             .map_err(|e| LoadError::Invalid {
                 origin: origin.to_owned(),
                 message: format!("{e:#}"),

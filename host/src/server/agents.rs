@@ -37,13 +37,32 @@ pub enum DefineError {
 /// The versions of one agent; the newest takes new inputs.
 #[derive(Debug, Default)]
 pub struct Versions {
-    /// A version that could not be loaded at startup keeps why.
-    pub loaded: BTreeMap<u32, Result<Arc<Agent>, String>>,
+    pub versions: BTreeMap<u32, Version>,
+}
+
+/// One version of an agent, as the server holds it.
+#[derive(Debug, Clone)]
+pub enum Version {
+    Loaded(Arc<Agent>),
+    /// It could not be loaded at startup: why.
+    Unloadable(String),
+    /// Older than the `agent-versions-loaded` newest: built from disk when an input of it
+    /// runs.
+    LetGo,
 }
 
 impl Versions {
     pub fn current(&self) -> Option<u32> {
-        self.loaded.keys().next_back().copied()
+        self.versions.keys().next_back().copied()
+    }
+
+    /// Lets go of every loaded version but the newest `keep`.
+    pub fn keep_newest(&mut self, keep: u32) {
+        for version in self.versions.values_mut().rev().skip(keep.max(1) as usize) {
+            if matches!(version, Version::Loaded(_)) {
+                *version = Version::LetGo;
+            }
+        }
     }
 }
 
@@ -180,22 +199,42 @@ impl Builder {
                 continue;
             }
             let mut versions = Versions::default();
-            for version in versions_on_disk(&entry.path())? {
-                let dir = entry.path().join(version.to_string());
-                let loaded = std::fs::read_to_string(dir.join(FILE))
-                    .map_err(DefineError::Io)
-                    .and_then(|text| self.build(&dir, &text, false))
-                    .map(Arc::new)
-                    .map_err(|e| {
-                        tracing::error!(tenant = %self.tenant, agent = %name, version,
-                            "this version cannot be loaded; its inputs fail: {e}");
-                        format!("version {version} of agent {name} cannot be loaded: {e}")
-                    });
-                versions.loaded.insert(version, loaded);
+            let on_disk = versions_on_disk(&entry.path())?;
+            let keep = self.policy.quotas.agent_versions_loaded.max(1) as usize;
+            let first_kept = on_disk.len().saturating_sub(keep);
+            for (at, version) in on_disk.into_iter().enumerate() {
+                let loaded = if at < first_kept {
+                    Version::LetGo
+                } else {
+                    match self.load(tenant_dir, &name, version) {
+                        Ok(agent) => Version::Loaded(agent),
+                        Err(error) => {
+                            tracing::error!(tenant = %self.tenant, agent = %name, version,
+                                "this version cannot be loaded; its inputs fail: {error}");
+                            Version::Unloadable(error)
+                        }
+                    }
+                };
+                versions.versions.insert(version, loaded);
             }
             agents.insert(name, versions);
         }
         Ok(agents)
+    }
+}
+
+impl Builder {
+    /// Builds version `version` of agent `agent` from its directory under `tenant_dir`.
+    pub fn load(&self, tenant_dir: &Path, agent: &str, version: u32) -> Result<Arc<Agent>, String> {
+        let dir = tenant_dir
+            .join("agents")
+            .join(agent)
+            .join(version.to_string());
+        std::fs::read_to_string(dir.join(FILE))
+            .map_err(DefineError::Io)
+            .and_then(|text| self.build(&dir, &text, false))
+            .map(Arc::new)
+            .map_err(|e| format!("version {version} of agent {agent} cannot be loaded: {e}"))
     }
 }
 

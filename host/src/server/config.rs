@@ -26,6 +26,14 @@ pub struct ServerConfig {
     /// The largest component a tenant may upload, in MiB. Default 64.
     #[serde(default = "default_max_component_mib")]
     pub max_component_mib: u32,
+    /// Component uploads compiled at once, every tenant's together. Default: half the
+    /// cores, at least 1.
+    #[serde(default = "default_compile_slots")]
+    pub compile_slots: usize,
+    /// Uploads that may wait for a compile slot; past them an upload gets 503 with
+    /// `Retry-After`. Default 8.
+    #[serde(default = "default_compile_queue")]
+    pub compile_queue: usize,
     /// How long a shutdown waits for inputs in flight before it exits (they resume at the
     /// next start), in milliseconds. Default 10,000.
     #[serde(default = "default_shutdown_grace_ms")]
@@ -102,6 +110,14 @@ fn default_listen() -> SocketAddr {
 
 fn default_shutdown_grace_ms() -> u64 {
     10_000
+}
+
+fn default_compile_slots() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| (n.get() / 2).max(1))
+}
+
+fn default_compile_queue() -> usize {
+    8
 }
 
 fn default_max_component_mib() -> u32 {

@@ -9,6 +9,8 @@
 
 mod agents;
 mod api;
+mod compile;
+mod components;
 mod config;
 mod journal;
 mod quota;
@@ -99,6 +101,7 @@ pub struct ServerState {
     config: ServerConfig,
     config_path: PathBuf,
     max_component_bytes: usize,
+    compiles: compile::CompileSlots,
     runtimes: tokio::sync::Mutex<HashMap<String, Arc<TenantRuntime>>>,
     /// One permit per sandbox instance: runs of every tenant take one.
     host_runs: Arc<Semaphore>,
@@ -129,6 +132,7 @@ impl ServerState {
             admin: tenants::hash(admin_token),
             max_component_bytes: usize::try_from(u64::from(config.max_component_mib) << 20)
                 .unwrap_or(usize::MAX),
+            compiles: compile::CompileSlots::new(config.compile_slots, config.compile_queue),
             host_runs: Arc::new(Semaphore::new(sandbox.instances() as usize)),
             compute: Compute::new()?,
             tenants,

@@ -56,6 +56,13 @@ pub struct Quotas {
     pub queued_inputs: u64,
     /// Live durable calls per minute (calls served from records are free). Default 600.
     pub calls_per_minute: u32,
+    /// Component uploads per minute: each is compiled and checked. Default 30.
+    pub compiles_per_minute: u32,
+    /// Functions one agent may define. Default 32.
+    pub functions_per_agent: u32,
+    /// Versions of one agent kept loaded: older ones are let go, and loaded again only
+    /// when an input of theirs runs. Default 8.
+    pub agent_versions_loaded: u32,
     /// Bytes under the tenant's directory: components, agents, events, outputs, recorded
     /// calls. Default 1 GiB.
     pub stored_bytes: u64,
@@ -82,6 +89,9 @@ impl Default for Quotas {
             concurrent_runs: 4,
             queued_inputs: 10_000,
             calls_per_minute: 600,
+            compiles_per_minute: 30,
+            functions_per_agent: 32,
+            agent_versions_loaded: 8,
             stored_bytes: 1 << 30,
         }
     }
@@ -120,8 +130,8 @@ fn fit_one<T: Copy + PartialOrd + Into<u64> + TryFrom<u64>>(
 }
 
 impl Quotas {
-    /// Fits an agent's limits, its functions' `max-response-bytes` and its parallelism into
-    /// these quotas. `given` says whether agent.toml sets a key, by its path (`["limits",
+    /// Fits an agent's limits, its functions (how many, and their `max-response-bytes`)
+    /// and its parallelism into these quotas. `given` says whether agent.toml sets a key, by its path (`["limits",
     /// "fuel"]`, `["functions", NAME, "max-response-bytes"]`, `["parallelism"]`): a value it
     /// sets above a quota is refused, naming the quota; a default above one is lowered to it.
     pub fn fit(
@@ -156,6 +166,14 @@ impl Quotas {
             sends_per_run: "sends-per-run",
             log_bytes: "log-bytes",
         );
+        let functions = u32::try_from(config.functions.len()).unwrap_or(u32::MAX);
+        if functions > self.functions_per_agent {
+            return Err(QuotaExceeded {
+                quota: "functions-per-agent",
+                allowed: self.functions_per_agent.into(),
+                detail: format!("agent.toml defines {functions} functions"),
+            });
+        }
         for (name, function) in &mut config.functions {
             let key = format!("functions.{name}.max-response-bytes");
             let mut bytes = function
@@ -183,24 +201,39 @@ impl Quotas {
     }
 }
 
-/// Live calls per minute: a sliding window of the last minute's calls.
+/// A per-minute quota (live calls, compiles): a sliding window of the last minute's takes.
 #[derive(Debug)]
-pub struct CallsPerMinute {
+pub struct PerMinute {
+    quota: &'static str,
+    /// What is counted, plural (`live calls`).
+    what: &'static str,
     limit: u32,
     window: Duration,
     taken: Mutex<VecDeque<Instant>>,
 }
 
-impl CallsPerMinute {
-    pub fn new(limit: u32) -> Self {
+impl PerMinute {
+    /// Live durable calls: `calls-per-minute`.
+    pub fn calls(limit: u32) -> Self {
+        Self::new("calls-per-minute", "live calls", limit)
+    }
+
+    /// Component compiles: `compiles-per-minute`.
+    pub fn compiles(limit: u32) -> Self {
+        Self::new("compiles-per-minute", "components compiled", limit)
+    }
+
+    fn new(quota: &'static str, what: &'static str, limit: u32) -> Self {
         Self {
+            quota,
+            what,
             limit,
             window: Duration::from_secs(60),
             taken: Mutex::new(VecDeque::new()),
         }
     }
 
-    /// Calls left in the window now.
+    /// Takes left in the window now.
     pub fn left(&self) -> u32 {
         let mut taken = self.lock();
         self.expire(&mut taken);
@@ -216,11 +249,22 @@ impl CallsPerMinute {
         Err(self.exceeded())
     }
 
+    /// Takes one, or refuses when the window is spent.
+    pub fn take_one(&self) -> Result<(), QuotaExceeded> {
+        let mut taken = self.lock();
+        self.expire(&mut taken);
+        if taken.len() >= self.limit as usize {
+            return Err(self.exceeded());
+        }
+        taken.push_back(Instant::now());
+        Ok(())
+    }
+
     fn exceeded(&self) -> QuotaExceeded {
         QuotaExceeded {
-            quota: "calls-per-minute",
+            quota: self.quota,
             allowed: self.limit.into(),
-            detail: format!("{} live calls in the last minute", self.limit),
+            detail: format!("{} {} in the last minute", self.limit, self.what),
         }
     }
 
@@ -239,15 +283,9 @@ impl CallsPerMinute {
     }
 }
 
-impl CallBudget for CallsPerMinute {
+impl CallBudget for PerMinute {
     fn take(&self) -> Result<(), String> {
-        let mut taken = self.lock();
-        self.expire(&mut taken);
-        if taken.len() >= self.limit as usize {
-            return Err(self.exceeded().to_string());
-        }
-        taken.push_back(Instant::now());
-        Ok(())
+        self.take_one().map_err(|e| e.to_string())
     }
 }
 
@@ -323,8 +361,21 @@ mod tests {
     }
 
     #[test]
+    fn an_agent_with_more_functions_than_its_quota_is_refused() {
+        let quotas = Quotas {
+            functions_per_agent: 0,
+            ..Quotas::default()
+        };
+        let error = quotas
+            .fit(&mut agent(""), &|_| false)
+            .expect_err("one function, none allowed");
+        assert_eq!(error.quota, "functions-per-agent");
+        assert!(error.to_string().contains("defines 1 functions"), "{error}");
+    }
+
+    #[test]
     fn the_call_budget_is_spent_then_denies() {
-        let budget = CallsPerMinute::new(2);
+        let budget = PerMinute::calls(2);
         assert!(budget.take().is_ok() && budget.take().is_ok());
         let denied = budget.take().expect_err("spent");
         assert!(denied.contains("calls-per-minute"), "{denied}");

@@ -12,13 +12,13 @@ use serde_json::value::RawValue;
 use sha2::Digest as _;
 use tokio::sync::{Notify, Semaphore, watch};
 
-use super::agents::{Builder, DefineError, Versions};
+use super::agents::{Builder, DefineError, Version, Versions};
 use super::config::TenantPolicy;
 use super::journal::{
     self, Accepted, ActionSummary, CallSummary, Finished, INPUTS, InputRecord, InputStatus,
     JournalError, OUTPUTS, OutputRecord,
 };
-use super::quota::{CallsPerMinute, QuotaExceeded};
+use super::quota::{PerMinute, QuotaExceeded};
 use crate::agent::Agent;
 use crate::event::Input;
 use crate::log::{FileLog, FileLogOptions, Log, LogError, Offset, Recovery};
@@ -273,7 +273,9 @@ pub struct TenantRuntime {
     compacted: Mutex<Instant>,
     /// The journal failed a write: nothing more is accepted or started until a restart.
     broken: AtomicBool,
-    budget: Arc<CallsPerMinute>,
+    budget: Arc<PerMinute>,
+    /// The tenant's `compiles-per-minute`.
+    compiles: PerMinute,
     builder: Builder,
     /// The tenant's `concurrent-runs`.
     runs: Arc<Semaphore>,
@@ -354,10 +356,12 @@ impl TenantRuntime {
                 tenant: name.to_owned(),
                 error,
             })?;
-        let budget = Arc::new(CallsPerMinute::new(policy.quotas.calls_per_minute));
+        let budget = Arc::new(PerMinute::calls(policy.quotas.calls_per_minute));
+        // The tenant's compiled components are its own, and count toward its `stored-bytes`.
+        let compiled = sandbox.cache().dir().map(|_| dir.join("compiled"));
         let builder = Builder {
             tenant: name.to_owned(),
-            sandbox,
+            sandbox: Arc::new(sandbox.with_cache_dir(compiled)),
             store: Arc::clone(&store) as Arc<dyn ActionStateStore>,
             policy: policy.clone(),
             budget: Arc::clone(&budget) as Arc<dyn crate::durable::CallBudget>,
@@ -371,6 +375,7 @@ impl TenantRuntime {
             name: name.to_owned(),
             runs: Arc::new(Semaphore::new(policy.quotas.concurrent_runs as usize)),
             dir,
+            compiles: PerMinute::compiles(policy.quotas.compiles_per_minute),
             policy,
             journal,
             state_log,
@@ -576,6 +581,16 @@ impl TenantRuntime {
         Ok(())
     }
 
+    /// Counts one upload against `compiles-per-minute`, or refuses it.
+    pub fn take_compile(&self) -> Result<(), QuotaExceeded> {
+        self.compiles.take_one()
+    }
+
+    /// The tenant's sandbox: the host's engine and instances, the tenant's own cache.
+    pub fn sandbox(&self) -> Arc<Sandbox> {
+        Arc::clone(&self.builder.sandbox)
+    }
+
     /// Counts `bytes` written now, before the next walk sees them.
     fn note_stored(&self, bytes: u64) {
         let mut stored = self.stored.lock().unwrap_or_else(|p| p.into_inner());
@@ -592,13 +607,12 @@ impl TenantRuntime {
             tokio::task::spawn_blocking(move || builder.define(&dir, &text))
                 .await
                 .map_err(|e| DefineError::Build(format!("defining the agent failed: {e}")))??;
-        self.agents
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .entry(name.clone())
-            .or_default()
-            .loaded
-            .insert(version, Ok(agent));
+        {
+            let mut agents = self.agents.write().unwrap_or_else(|p| p.into_inner());
+            let versions = agents.entry(name.clone()).or_default();
+            versions.versions.insert(version, Version::Loaded(agent));
+            versions.keep_newest(self.policy.quotas.agent_versions_loaded);
+        }
         self.stored.lock().unwrap_or_else(|p| p.into_inner()).0 = None;
         Ok((name, version))
     }
@@ -609,7 +623,7 @@ impl TenantRuntime {
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .iter()
-            .map(|(name, versions)| (name.clone(), versions.loaded.keys().copied().collect()))
+            .map(|(name, versions)| (name.clone(), versions.versions.keys().copied().collect()))
             .collect()
     }
 
@@ -621,13 +635,26 @@ impl TenantRuntime {
             .and_then(Versions::current)
     }
 
-    fn agent_version(&self, agent: &str, version: u32) -> Result<Arc<Agent>, String> {
-        self.agents
+    /// The agent of `version`: loaded, or built from disk when it was let go.
+    async fn agent_version(&self, agent: &str, version: u32) -> Result<Arc<Agent>, String> {
+        let held = self
+            .agents
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .get(agent)
-            .and_then(|versions| versions.loaded.get(&version).cloned())
-            .unwrap_or_else(|| Err(format!("agent {agent} has no version {version}")))
+            .and_then(|versions| versions.versions.get(&version).cloned());
+        match held {
+            Some(Version::Loaded(agent)) => Ok(agent),
+            Some(Version::Unloadable(error)) => Err(error),
+            Some(Version::LetGo) => {
+                let (builder, dir, agent) =
+                    (self.builder.clone(), self.dir.clone(), agent.to_owned());
+                tokio::task::spawn_blocking(move || builder.load(&dir, &agent, version))
+                    .await
+                    .map_err(|e| format!("loading version {version} failed: {e}"))?
+            }
+            None => Err(format!("agent {agent} has no version {version}")),
+        }
     }
 
     /// Accepts an event for a key, once per event id: a retry of an accepted submission
@@ -649,7 +676,7 @@ impl TenantRuntime {
         let version = self
             .current_version(&event.agent)
             .ok_or_else(|| SubmitError::UnknownAgent(event.agent.clone()))?;
-        if let Err(error) = self.agent_version(&event.agent, version) {
+        if let Err(error) = self.agent_version(&event.agent, version).await {
             return Err(SubmitError::Unavailable(error));
         }
         // Before the tenant's lock: it may walk the tenant's directory.
@@ -863,7 +890,7 @@ impl TenantRuntime {
             payload: queued.payload.get().to_owned(),
         };
         let scope = KeyScope::new(&self.name, agent_name, key);
-        let (error, outputs, memory) = match self.agent_version(agent_name, queued.version) {
+        let (error, outputs, memory) = match self.agent_version(agent_name, queued.version).await {
             Err(error) => {
                 // Not failed for good: the operator can fix what the version needs (a
                 // secret, a host) and restart; its recorded calls wait for it.
@@ -1116,31 +1143,34 @@ impl TenantRuntime {
         self.outputs.subscribe()
     }
 
-    /// The inputs of an agent's key, oldest first; `None` when the key has none.
+    /// Up to `limit` inputs of an agent's key with sequences after `after`, oldest first,
+    /// and whether more follow; `None` when the key has no inputs.
     pub async fn history(
         &self,
         agent: &str,
         key: &str,
-    ) -> Result<Option<Vec<HistoryEntry>>, JournalError> {
+        after: u64,
+        limit: usize,
+    ) -> Result<Option<(Vec<HistoryEntry>, bool)>, JournalError> {
         let (entries, queued, running, damaged) = {
             let inner = self.lock();
             let Some(state) = inner.keys.get(&(agent.to_owned(), key.to_owned())) else {
                 return Ok(None);
             };
             let queued: HashSet<u64> = state.queue.iter().map(|q| q.sequence).collect();
-            (
-                state.history.clone(),
-                queued,
-                state.running,
-                state.damaged.clone(),
-            )
+            let page: Vec<_> = state
+                .history
+                .iter()
+                .filter(|entry| entry.0 > after)
+                .take(limit.saturating_add(1))
+                .cloned()
+                .collect();
+            (page, queued, state.running, state.damaged.clone())
         };
-        if entries.is_empty() {
-            return Ok(None);
-        }
+        let more = entries.len() > limit;
         let scope = KeyScope::new(&self.name, agent, key);
         let mut history = Vec::with_capacity(entries.len());
-        for (sequence, accepted_at, finished_at) in entries {
+        for (sequence, accepted_at, finished_at) in entries.into_iter().take(limit) {
             let Some(InputRecord::Accepted(accepted)) =
                 journal::read_one(&*self.journal, INPUTS, accepted_at).await?
             else {
@@ -1197,7 +1227,7 @@ impl TenantRuntime {
             };
             history.push(entry);
         }
-        Ok(Some(history))
+        Ok(Some((history, more)))
     }
 
     /// Inputs accepted and not finished.

@@ -9,7 +9,7 @@ use axum::http::{HeaderMap, StatusCode};
 use serde::Serialize;
 use utoipa::ToSchema;
 
-use super::{ApiError, ErrorBody, TenantErrors, open_tenant};
+use super::{ApiError, ErrorBody, MAX_AGENT_BODY, TenantErrors, open_tenant, read_body};
 use crate::server::ServerState;
 use crate::server::agents::{DefineError, definition};
 
@@ -51,6 +51,7 @@ pub(super) struct AgentView {
     responses(
         (status = 201, description = "Defined", body = Defined),
         (status = 400, description = "`bad-agent`: not a valid agent.toml", body = ErrorBody),
+        (status = 413, description = "`too-large`: an agent.toml over 256 KiB", body = ErrorBody),
         (status = 422, description = "`unknown-component`, or `cannot-build`: a host not allowed, a secret the tenant lacks", body = ErrorBody),
         (status = 429, description = "A limit over the tenant's quota, or `stored-bytes`", body = ErrorBody),
         TenantErrors,
@@ -59,9 +60,17 @@ pub(super) async fn define_agent(
     State(state): State<Arc<ServerState>>,
     Path(tenant): Path<String>,
     headers: HeaderMap,
-    body: String,
+    body: axum::body::Body,
 ) -> Result<(StatusCode, Json<Defined>), ApiError> {
     let runtime = open_tenant(&state, &headers, &tenant).await?;
+    let body = read_body(body, MAX_AGENT_BODY, "an agent.toml").await?;
+    let body = String::from_utf8(body.to_vec()).map_err(|e| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "bad-agent",
+            format!("agent.toml is not UTF-8: {e}"),
+        )
+    })?;
     match runtime.define(body).await {
         Ok((agent, version)) => Ok((StatusCode::CREATED, Json(Defined { agent, version }))),
         Err(error) => Err(match error {

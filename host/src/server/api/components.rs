@@ -6,13 +6,16 @@ use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use serde::Serialize;
-use sha2::Digest as _;
 use utoipa::ToSchema;
 
 use super::{ApiError, ErrorBody, TenantErrors, open_tenant};
 use crate::sandbox::LoadError;
 use crate::server::ServerState;
+use crate::server::components::{self, UploadError};
 use crate::server::tenants::check_name;
+
+/// Seconds a client turned away for want of a compile slot is asked to wait.
+const COMPILE_RETRY_AFTER_S: u64 = 5;
 
 /// A stored component.
 #[derive(Debug, Serialize, ToSchema)]
@@ -40,7 +43,8 @@ pub(super) struct ComponentList {
         (status = 400, description = "`not-wasm`, `core-module`, `invalid-component` or `bad-name`", body = ErrorBody),
         (status = 413, description = "Larger than `max-component-mib`", body = ErrorBody),
         (status = 422, description = "`wrong-world`: imports outside the world, or no `run` export", body = ErrorBody),
-        (status = 429, description = "Over the `stored-bytes` quota", body = ErrorBody),
+        (status = 429, description = "Over the `stored-bytes` or `compiles-per-minute` quota", body = ErrorBody),
+        (status = 503, description = "`busy`: every compile slot is taken and the queue is full; `Retry-After` says when to try again", body = ErrorBody),
         TenantErrors,
     ))]
 pub(super) async fn upload_component(
@@ -67,40 +71,16 @@ pub(super) async fn upload_component(
             format!("a component may be at most {limit} bytes (max-component-mib)"),
         )
     })?;
-    runtime.check_storage(wasm.len() as u64)?;
-    let origin = format!("component {name}");
-    let sandbox = Arc::clone(&state.sandbox);
-    let bytes = wasm.clone();
-    let loaded = tokio::task::spawn_blocking(move || sandbox.load(&origin, &bytes))
+    let bytes = wasm.len() as u64;
+    let sha256 = components::upload(&runtime, &state.compiles, &name, wasm)
         .await
-        .map_err(|e| ApiError::internal(format!("checking the component failed: {e}")))?;
-    if let Err(error) = loaded {
-        let code = match &error {
-            LoadError::NotWasm { .. } => "not-wasm",
-            LoadError::CoreModule { .. } => "core-module",
-            LoadError::Invalid { .. } => "invalid-component",
-            LoadError::World { .. } => "wrong-world",
-            LoadError::Read { .. } => "internal",
-        };
-        let status = if code == "wrong-world" {
-            StatusCode::UNPROCESSABLE_ENTITY
-        } else {
-            StatusCode::BAD_REQUEST
-        };
-        return Err(ApiError::new(status, code, error.to_string()));
-    }
-    let dir = runtime.dir().join("components");
-    let path = dir.join(format!("{name}.wasm"));
-    write_atomically(&dir, &path, &wasm).map_err(|e| {
-        tracing::error!(path = %path.display(), "storing a component: {e}");
-        ApiError::internal("the server could not store the component; try again")
-    })?;
+        .map_err(upload_error)?;
     Ok((
         StatusCode::CREATED,
         Json(ComponentView {
             component: name,
-            bytes: wasm.len() as u64,
-            sha256: Some(hex::encode(sha2::Sha256::digest(&wasm))),
+            bytes,
+            sha256: Some(sha256),
         }),
     ))
 }
@@ -151,18 +131,31 @@ pub(super) async fn list_components(
     Ok(Json(ComponentList { components }))
 }
 
-/// A temporary file, synced, renamed into place, and the directory synced.
-fn write_atomically(
-    dir: &std::path::Path,
-    path: &std::path::Path,
-    bytes: &[u8],
-) -> std::io::Result<()> {
-    std::fs::create_dir_all(dir)?;
-    // Unique, so that two uploads of one name at once do not write one temporary file.
-    let temp = dir.join(format!(".upload-{:016x}.tmp", rand::random::<u64>()));
-    let mut out = std::fs::File::create(&temp)?;
-    std::io::Write::write_all(&mut out, bytes)?;
-    out.sync_all()?;
-    std::fs::rename(&temp, path)?;
-    std::fs::File::open(dir)?.sync_all()
+fn upload_error(error: UploadError) -> ApiError {
+    match error {
+        UploadError::Quota(quota) => quota.into(),
+        UploadError::Busy(busy) => {
+            ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "busy", busy.to_string())
+                .retry_after(COMPILE_RETRY_AFTER_S)
+        }
+        UploadError::Load(error) => {
+            let code = match &error {
+                LoadError::NotWasm { .. } => "not-wasm",
+                LoadError::CoreModule { .. } => "core-module",
+                LoadError::Invalid { .. } => "invalid-component",
+                LoadError::World { .. } => "wrong-world",
+                LoadError::Read { .. } => "internal",
+            };
+            let status = if code == "wrong-world" {
+                StatusCode::UNPROCESSABLE_ENTITY
+            } else {
+                StatusCode::BAD_REQUEST
+            };
+            ApiError::new(status, code, error.to_string())
+        }
+        UploadError::Io(error) => {
+            tracing::error!("storing a component: {error}");
+            ApiError::internal("the server could not store the component; try again")
+        }
+    }
 }

@@ -18,7 +18,7 @@ use serde_json::value::RawValue;
 use tokio::sync::watch;
 use utoipa::{IntoParams, ToSchema};
 
-use super::{ApiError, ErrorBody, TenantErrors, open_tenant};
+use super::{ApiError, ErrorBody, MAX_EVENT_BODY, TenantErrors, open_tenant, read_body};
 use crate::server::ServerState;
 use crate::server::runtime::{
     HistoryEntry, PositionedOutput, Submission, SubmitError, Submitted, TenantRuntime,
@@ -54,6 +54,7 @@ pub(super) struct NewEvent {
         (status = 200, description = "Accepted before (a retry); nothing new done", body = Submitted),
         (status = 400, description = "Not a valid event", body = ErrorBody),
         (status = 409, description = "`event-id-reused` for another event, or `event-in-progress`", body = ErrorBody),
+        (status = 413, description = "`too-large`: an event over 2 MiB", body = ErrorBody),
         (status = 429, description = "Over `queued-inputs`, `calls-per-minute` or `stored-bytes`", body = ErrorBody),
         (status = 503, description = "`stopping`, or `unavailable`: the agent's current version cannot be loaded, or the tenant's journal failed", body = ErrorBody),
         TenantErrors,
@@ -62,9 +63,10 @@ pub(super) async fn submit_event(
     State(state): State<Arc<ServerState>>,
     Path((tenant, agent)): Path<(String, String)>,
     headers: HeaderMap,
-    body: axum::body::Bytes,
+    body: axum::body::Body,
 ) -> Result<(StatusCode, Json<Submitted>), ApiError> {
     let runtime = open_tenant(&state, &headers, &tenant).await?;
+    let body = read_body(body, MAX_EVENT_BODY, "an event").await?;
     let event: NewEvent = serde_json::from_slice(&body).map_err(|e| {
         ApiError::bad_request(format!(
             "expected {{\"id\": \"...\", \"key\": \"...\", \"payload\": <json>}}: {e}"
@@ -255,38 +257,63 @@ impl Follow {
     }
 }
 
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub(super) struct HistoryQuery {
+    /// Inputs with a sequence after this one (0, the default: from the first).
+    #[serde(default)]
+    after: u64,
+    /// At most this many (default 100, at most 1000).
+    limit: Option<usize>,
+}
+
+/// Inputs returned by one history request, by default and at most.
+const DEFAULT_HISTORY: usize = 100;
+const MAX_HISTORY: usize = 1000;
+
 #[derive(Debug, Serialize, ToSchema)]
 pub(super) struct KeyHistory {
     agent: String,
     key: String,
     /// Oldest first.
     inputs: Vec<HistoryEntry>,
+    /// When more inputs follow: ask again with `after` = this.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    next: Option<u64>,
 }
 
 /// What happened to one key of an agent: each input, with its status, its actions, and
 /// their recorded calls.
 #[utoipa::path(get, path = "/v1/tenants/{tenant}/agents/{agent}/keys/{key}/history", tag = "events",
-    params(("tenant" = String, Path), ("agent" = String, Path), ("key" = String, Path)),
+    params(("tenant" = String, Path), ("agent" = String, Path), ("key" = String, Path), HistoryQuery),
     responses(
-        (status = 200, description = "The key's history", body = KeyHistory),
+        (status = 200, description = "The key's history, a page at a time", body = KeyHistory),
         TenantErrors,
     ))]
 pub(super) async fn key_history(
     State(state): State<Arc<ServerState>>,
     Path((tenant, agent, key)): Path<(String, String, String)>,
+    Query(query): Query<HistoryQuery>,
     headers: HeaderMap,
 ) -> Result<Json<KeyHistory>, ApiError> {
     let runtime = open_tenant(&state, &headers, &tenant).await?;
     if !runtime.agents().contains_key(&agent) {
         return Err(ApiError::not_found(format!("no agent {agent}")));
     }
-    let inputs = runtime
-        .history(&agent, &key)
+    let limit = query.limit.unwrap_or(DEFAULT_HISTORY).clamp(1, MAX_HISTORY);
+    let (inputs, more) = runtime
+        .history(&agent, &key, query.after, limit)
         .await
         .map_err(|e| {
             tracing::error!(tenant, agent, "reading a key's history: {e}");
             ApiError::internal("the server could not read the history; try again")
         })?
         .ok_or_else(|| ApiError::not_found(format!("agent {agent} has no inputs for key {key}")))?;
-    Ok(Json(KeyHistory { agent, key, inputs }))
+    let next = more.then(|| inputs.last().map_or(query.after, |i| i.sequence));
+    Ok(Json(KeyHistory {
+        agent,
+        key,
+        inputs,
+        next,
+    }))
 }

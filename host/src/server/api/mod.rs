@@ -124,6 +124,27 @@ pub(super) enum TenantErrors {
     NotFound(ErrorBody),
 }
 
+/// The largest body of each route that takes one (components have `max-component-mib`):
+/// past it, 413 `too-large` naming the limit.
+pub(super) const MAX_TENANT_BODY: usize = 4 << 10;
+pub(super) const MAX_AGENT_BODY: usize = 256 << 10;
+pub(super) const MAX_EVENT_BODY: usize = 2 << 20;
+
+/// Reads a request body of at most `limit` bytes; `what` names the body in the error.
+async fn read_body(
+    body: axum::body::Body,
+    limit: usize,
+    what: &str,
+) -> Result<axum::body::Bytes, ApiError> {
+    axum::body::to_bytes(body, limit).await.map_err(|_| {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "too-large",
+            format!("{what} may be at most {limit} bytes"),
+        )
+    })
+}
+
 /// An error response.
 #[derive(Debug)]
 pub(super) struct ApiError {
@@ -131,6 +152,8 @@ pub(super) struct ApiError {
     code: &'static str,
     message: String,
     quota: Option<&'static str>,
+    /// Seconds to wait before trying again (`Retry-After`).
+    retry_after: Option<u64>,
 }
 
 impl ApiError {
@@ -140,6 +163,14 @@ impl ApiError {
             code,
             message: message.into(),
             quota: None,
+            retry_after: None,
+        }
+    }
+
+    fn retry_after(self, seconds: u64) -> Self {
+        Self {
+            retry_after: Some(seconds),
+            ..self
         }
     }
 
@@ -193,6 +224,11 @@ impl IntoResponse for ApiError {
             response
                 .headers_mut()
                 .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        if let Some(seconds) = self.retry_after {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
         }
         response
     }

@@ -8,7 +8,9 @@ use axum::http::{HeaderMap, StatusCode};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use super::{ApiError, Caller, ErrorBody, TenantErrors, caller, open_tenant};
+use super::{
+    ApiError, Caller, ErrorBody, MAX_TENANT_BODY, TenantErrors, caller, open_tenant, read_body,
+};
 use crate::server::ServerState;
 use crate::server::quota::Quotas;
 
@@ -56,13 +58,15 @@ fn admin_only(state: &ServerState, headers: &HeaderMap) -> Result<(), ApiError> 
         (status = 401, description = "No valid token", body = ErrorBody),
         (status = 403, description = "Not the admin token", body = ErrorBody),
         (status = 409, description = "The tenant exists", body = ErrorBody),
+        (status = 413, description = "`too-large`: a body over 4 KiB", body = ErrorBody),
     ))]
 pub(super) async fn create_tenant(
     State(state): State<Arc<ServerState>>,
     headers: HeaderMap,
-    body: axum::body::Bytes,
+    body: axum::body::Body,
 ) -> Result<(StatusCode, Json<IssuedToken>), ApiError> {
     admin_only(&state, &headers)?;
+    let body = read_body(body, MAX_TENANT_BODY, "a new tenant").await?;
     let request: NewTenant = serde_json::from_slice(&body)
         .map_err(|e| ApiError::bad_request(format!("expected {{\"name\": \"...\"}}: {e}")))?;
     let token = state.tenants.create(&request.name)?;

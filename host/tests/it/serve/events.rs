@@ -253,3 +253,83 @@ async fn outputs_stream_as_server_sent_events_and_a_reconnect_resumes() {
     assert_eq!(next[0].0, 3);
     assert_eq!(next[0].1["event_id"], "e3");
 }
+
+#[tokio::test]
+async fn a_keys_history_comes_a_page_at_a_time() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = Server::start(dir.path(), "").await;
+    let acme = server.tenant("acme").await;
+    server.deploy("acme", &acme, "bot", "caller", "").await;
+    for i in 1..=5 {
+        let (status, body) = server
+            .submit("acme", &acme, "bot", &format!("e{i}"), "k", json!({}))
+            .await;
+        assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    }
+    server.settled_history("acme", &acme, "bot", "k").await;
+    let page = |query: &'static str| {
+        let url = server.url(&format!(
+            "/v1/tenants/acme/agents/bot/keys/k/history?{query}"
+        ));
+        let request = server.client.get(url);
+        let token = acme.clone();
+        async move {
+            let (status, body) = send(request, Some(&token)).await;
+            assert_eq!(status, StatusCode::OK, "{body}");
+            let sequences: Vec<u64> = body["inputs"]
+                .as_array()
+                .expect("inputs")
+                .iter()
+                .filter_map(|i| i["sequence"].as_u64())
+                .collect();
+            (sequences, body["next"].as_u64())
+        }
+    };
+    assert_eq!(page("limit=2").await, (vec![1, 2], Some(2)));
+    assert_eq!(page("after=2&limit=2").await, (vec![3, 4], Some(4)));
+    assert_eq!(page("after=4&limit=2").await, (vec![5], None));
+    assert_eq!(page("").await, (vec![1, 2, 3, 4, 5], None));
+}
+
+#[tokio::test]
+async fn a_body_past_its_routes_limit_is_refused_naming_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = Server::start(dir.path(), "").await;
+    let acme = server.tenant("acme").await;
+    server.deploy("acme", &acme, "bot", "caller", "").await;
+    let big = |bytes: usize| "x".repeat(bytes);
+    for (request, token, named) in [
+        (
+            server
+                .client
+                .post(server.url("/v1/tenants"))
+                .json(&json!({ "name": big(5 << 10) })),
+            super::ADMIN,
+            "a new tenant may be at most 4096 bytes",
+        ),
+        (
+            server
+                .client
+                .post(server.url("/v1/tenants/acme/agents"))
+                .body(format!("# {}", big(300 << 10))),
+            acme.as_str(),
+            "an agent.toml may be at most 262144 bytes",
+        ),
+        (
+            server
+                .client
+                .post(server.url("/v1/tenants/acme/agents/bot/events"))
+                .json(&json!({ "id": "e", "key": "k", "payload": big(3 << 20) })),
+            acme.as_str(),
+            "an event may be at most 2097152 bytes",
+        ),
+    ] {
+        let (status, body) = send(request, Some(token)).await;
+        assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{body}");
+        assert_eq!(body["code"], "too-large", "{body}");
+        assert!(
+            body["error"].as_str().is_some_and(|e| e.contains(named)),
+            "{body}"
+        );
+    }
+}

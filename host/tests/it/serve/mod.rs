@@ -9,6 +9,7 @@ mod load;
 mod openapi;
 mod quotas;
 mod restart;
+mod uploads;
 mod wedge;
 mod writers;
 

@@ -187,14 +187,28 @@ async fn stored_bytes_refuse_what_would_not_fit() {
     let caller = std::fs::metadata(crate::support::guest("caller"))
         .expect("caller")
         .len();
-    let quota = caller + caller / 2;
+    // The deployed agent's component, its pin and its compiled form count; measured, then
+    // the quota set to leave room for half a component more.
+    let server = Server::start(dir.path(), "").await;
+    let acme = server.tenant("acme").await;
+    server.deploy("acme", &acme, "bot", "caller", "").await;
+    let (_, shown) = super::send(
+        server.client.get(server.url("/v1/tenants/acme")),
+        Some(&acme),
+    )
+    .await;
+    let deployed = shown["stored_bytes"].as_u64().expect("stored bytes");
+    assert!(
+        deployed > 2 * caller,
+        "the compiled form counts: {deployed} bytes stored for a {caller}-byte component"
+    );
+    server.stop().await;
+    let quota = deployed + caller / 2;
     let server = Server::start(
         dir.path(),
         &format!("[tenants.acme.quotas]\nstored-bytes = {quota}\n"),
     )
     .await;
-    let acme = server.tenant("acme").await;
-    server.deploy("acme", &acme, "bot", "caller", "").await;
     let wasm = std::fs::read(crate::support::guest("caller")).expect("caller");
     let (status, body) = super::send(
         server
