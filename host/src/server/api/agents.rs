@@ -52,8 +52,8 @@ pub(super) struct AgentView {
         (status = 201, description = "Defined", body = Defined),
         (status = 400, description = "`bad-agent`: not a valid agent.toml", body = ErrorBody),
         (status = 413, description = "`too-large`: an agent.toml over 256 KiB", body = ErrorBody),
-        (status = 422, description = "`unknown-component`, or `cannot-build`: a host not allowed, a secret the tenant lacks", body = ErrorBody),
-        (status = 429, description = "A limit over the tenant's quota, or `stored-bytes`", body = ErrorBody),
+        (status = 422, description = "`unknown-component`; `cannot-build`: a host not allowed, a secret the tenant lacks; `quota-exceeded`: the agent asks for more than a quota allows (a limit, `parallelism`, `functions-per-agent`), which no retry fixes", body = ErrorBody),
+        (status = 429, description = "`quota-exceeded`: over `stored-bytes`", body = ErrorBody),
         TenantErrors,
     ))]
 pub(super) async fn define_agent(
@@ -87,6 +87,11 @@ pub(super) async fn define_agent(
                 "cannot-build",
                 error.to_string(),
             ),
+            // Asking for more than a quota allows is the definition's error: a retry
+            // would get the same answer (429 would tell a client to retry).
+            DefineError::Quota(quota) if quota.quota != "stored-bytes" => {
+                ApiError::from(quota).with_status(StatusCode::UNPROCESSABLE_ENTITY)
+            }
             DefineError::Quota(quota) => quota.into(),
             DefineError::Io(error) => {
                 tracing::error!(tenant, "storing an agent: {error}");

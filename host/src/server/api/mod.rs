@@ -167,6 +167,10 @@ impl ApiError {
         }
     }
 
+    fn with_status(self, status: StatusCode) -> Self {
+        Self { status, ..self }
+    }
+
     fn retry_after(self, seconds: u64) -> Self {
         Self {
             retry_after: Some(seconds),

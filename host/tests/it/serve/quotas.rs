@@ -1,4 +1,4 @@
-//! Each quota, exhausted: refused with 429 naming it, or the run stopped at it.
+//! Each quota, exhausted: refused naming it (429, or 422 for an agent that asks for more than one allows), or the run stopped at it.
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -44,7 +44,8 @@ async fn per_run_quotas_refuse_an_agent_asking_for_more_and_stop_a_run_that_uses
     ] {
         let toml = agent("bot", "worker", &format!("[limits]\n{limits}\n"));
         let (status, body) = server.define(tenant, token, &toml).await;
-        assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
+        // No retry fixes it: 422, not 429 (which clients retry).
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
         assert_eq!(
             quota_of(&body),
             (Some("quota-exceeded"), Some(quota)),
