@@ -142,6 +142,9 @@ impl Tracker {
     }
 }
 
+/// Checkpoints failing in a row that stop a run (see `Run::checkpoint`).
+pub const FAILED_CHECKPOINTS_TO_STOP: u32 = 5;
+
 /// Inputs queued or running at once, per unit of parallelism; intake waits beyond this.
 /// Inputs that failed, or wait behind one that did, do not count: a failed key must not
 /// stop the others.
@@ -164,7 +167,9 @@ const IN_FLIGHT_PER_KEY_SLOT: usize = 64;
 ///
 /// With `options.resume`, the checkpoint's keys and memory are restored, its pending inputs
 /// run first, and `lines` resume after its input position. With `options.checkpointing`,
-/// checkpoints are taken as it says and once more at the end.
+/// checkpoints are taken as it says and once more at the end; a checkpoint that fails is
+/// logged as an error, and after [`FAILED_CHECKPOINTS_TO_STOP`] in a row the run returns
+/// the last one's error.
 pub async fn run_inputs<S: OutputSink>(
     agent: Arc<Agent>,
     lines: impl Stream<Item = Result<InputLine, LineError>> + Unpin,
@@ -189,6 +194,7 @@ pub async fn run_inputs<S: OutputSink>(
         next_checkpoint: options.resume.map_or(1, |c| c.id + 1),
         since_checkpoint: (0, Instant::now()),
         changed: false,
+        failed_checkpoints: 0,
     };
     if let Some(checkpoint) = options.resume {
         run.restore(checkpoint);
@@ -206,7 +212,7 @@ pub async fn run_inputs<S: OutputSink>(
                 continue;
             }
             () = tokio::time::sleep_until(due.unwrap_or_else(far_future).into()), if due.is_some() => {
-                run.checkpoint().await;
+                run.checkpoint().await?;
                 continue;
             }
             next = lines.next(), if intake => next,
@@ -224,7 +230,7 @@ pub async fn run_inputs<S: OutputSink>(
         };
         run.accept(line);
         if run.checkpoint_due() {
-            run.checkpoint().await;
+            run.checkpoint().await?;
         }
     }
     run.finish().await?;
@@ -255,6 +261,8 @@ struct Run<'a, S: OutputSink> {
     /// Whether an input was accepted or finished since the last checkpoint: an idle run
     /// takes no checkpoints on time.
     changed: bool,
+    /// Checkpoints that failed since the last one saved.
+    failed_checkpoints: u32,
 }
 
 impl<S: OutputSink> Run<'_, S> {
@@ -346,7 +354,7 @@ impl<S: OutputSink> Run<'_, S> {
             let next = tokio::select! {
                 next = self.done_rx.recv() => next,
                 () = tokio::time::sleep_until(due.unwrap_or_else(far_future).into()), if due.is_some() => {
-                    self.checkpoint().await;
+                    self.checkpoint().await?;
                     continue;
                 }
             };
@@ -355,7 +363,7 @@ impl<S: OutputSink> Run<'_, S> {
         }
         self.sink.sync().await?;
         if self.checkpointing.is_some() {
-            self.checkpoint().await;
+            self.checkpoint().await?;
         }
         Ok(())
     }
@@ -382,11 +390,45 @@ impl<S: OutputSink> Run<'_, S> {
     }
 
     /// Takes a checkpoint: the cut, the marker, the atomic save; then prunes and retains.
-    /// A failure is logged and changes nothing: the previous checkpoint stays valid.
-    async fn checkpoint(&mut self) {
+    /// A failure is logged as an error and changes nothing: the previous checkpoint stays
+    /// valid. After [`FAILED_CHECKPOINTS_TO_STOP`] failures in a row the run stops with
+    /// the last one's error: without checkpoints nothing is pruned or let go, and the logs
+    /// under the agent would only grow.
+    async fn checkpoint(&mut self) -> std::io::Result<()> {
         let Some(checkpointing) = self.checkpointing else {
-            return;
+            return Ok(());
         };
+        let id = self.next_checkpoint;
+        match self.try_checkpoint(checkpointing).await {
+            Ok(checkpoint) => {
+                self.failed_checkpoints = 0;
+                self.checkpointed(checkpointing, &checkpoint).await;
+                Ok(())
+            }
+            Err(error) => {
+                self.failed_checkpoints += 1;
+                tracing::error!(
+                    checkpoint = id,
+                    failed_in_a_row = self.failed_checkpoints,
+                    "checkpoint failed; the previous one stays valid: {error}"
+                );
+                if self.failed_checkpoints < FAILED_CHECKPOINTS_TO_STOP {
+                    return Ok(());
+                }
+                Err(std::io::Error::other(format!(
+                    "{FAILED_CHECKPOINTS_TO_STOP} checkpoints in a row failed, the last \
+                     ({id}) with: {error}; stopping, since without checkpoints nothing is \
+                     pruned and the logs only grow (the previous checkpoint stays valid)"
+                )))
+            }
+        }
+    }
+
+    /// The cut and the save of checkpoint `self.next_checkpoint`.
+    async fn try_checkpoint(
+        &mut self,
+        checkpointing: &Checkpointing,
+    ) -> Result<Checkpoint, String> {
         self.since_checkpoint = (0, Instant::now());
         self.changed = false;
         // The cut: taken while intake waits (this task is the intake). In-flight inputs go
@@ -417,49 +459,34 @@ impl<S: OutputSink> Run<'_, S> {
             Ok(()) => self.sink.position().await,
             Err(e) => Err(e),
         };
-        let output_position = match output_position {
-            Ok(position) => position,
-            Err(e) => {
-                tracing::error!(
-                    checkpoint = id,
-                    "checkpoint skipped: the outputs are not durable: {e}"
-                );
-                return;
-            }
+        let output_position =
+            output_position.map_err(|e| format!("the outputs are not durable: {e}"))?;
+        let marker = self
+            .agent
+            .store()
+            .marker()
+            .await
+            .map_err(|e| e.to_string())?;
+        let checkpoint = Checkpoint {
+            id,
+            input_position: self.tracker.position,
+            keys,
+            pending,
+            marker,
+            output_position,
         };
-        let result = async {
-            let marker = self
-                .agent
-                .store()
-                .marker()
-                .await
-                .map_err(|e| e.to_string())?;
-            let checkpoint = Checkpoint {
-                id,
-                input_position: self.tracker.position,
-                keys,
-                pending,
-                marker,
-                output_position,
-            };
-            checkpointing
-                .store
-                .save(&checkpoint, checkpointing.keep)
-                .await
-                .map_err(|e| e.to_string())?;
-            Ok::<_, String>(checkpoint)
-        }
-        .await;
-        let checkpoint = match result {
-            Ok(checkpoint) => checkpoint,
-            Err(error) => {
-                tracing::error!(
-                    checkpoint = id,
-                    "checkpoint failed; the previous one stays valid: {error}"
-                );
-                return;
-            }
-        };
+        checkpointing
+            .store
+            .save(&checkpoint, checkpointing.keep)
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(checkpoint)
+    }
+
+    /// After `checkpoint` was saved: prunes the states it counts complete, and lets go of
+    /// what the oldest kept checkpoint no longer needs.
+    async fn checkpointed(&mut self, checkpointing: &Checkpointing, checkpoint: &Checkpoint) {
+        let id = checkpoint.id;
         crash::reached(CrashPoint::CheckpointSaved);
         self.next_checkpoint += 1;
         self.sink.checkpointed(&checkpoint.keys);

@@ -23,8 +23,13 @@ use crate::store::{ActionStateStore, KeyScope, Marker, StoreError};
 pub type CheckpointId = u64;
 
 /// One key's progress at the cut.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
+///
+/// Written compactly, since a checkpoint holds every key ever seen: `[next, last]`, or
+/// `[next, last, {memory}]` when the memory is not empty. The counters stay for every key:
+/// they keep a key's sequences, and so its output ids, from repeating. (Read in the earlier
+/// form too, an object with the fields' names.)
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(from = "ProgressForm")]
 pub struct KeyProgress {
     /// The sequence the key's next accepted input gets.
     pub next_sequence: u64,
@@ -32,6 +37,52 @@ pub struct KeyProgress {
     pub last_completed: u64,
     /// The key's short-term memory as of `last_completed`.
     pub memory: BTreeMap<String, String>,
+}
+
+impl Serialize for KeyProgress {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeTuple as _;
+        let empty = self.memory.is_empty();
+        let mut tuple = serializer.serialize_tuple(if empty { 2 } else { 3 })?;
+        tuple.serialize_element(&self.next_sequence)?;
+        tuple.serialize_element(&self.last_completed)?;
+        if !empty {
+            tuple.serialize_element(&self.memory)?;
+        }
+        tuple.end()
+    }
+}
+
+/// The forms a [`KeyProgress`] is read in.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum ProgressForm {
+    Compact(u64, u64, #[serde(default)] BTreeMap<String, String>),
+    #[serde(rename_all = "kebab-case")]
+    Named {
+        next_sequence: u64,
+        last_completed: u64,
+        #[serde(default)]
+        memory: BTreeMap<String, String>,
+    },
+}
+
+impl From<ProgressForm> for KeyProgress {
+    fn from(form: ProgressForm) -> Self {
+        let (next_sequence, last_completed, memory) = match form {
+            ProgressForm::Compact(next, last, memory) => (next, last, memory),
+            ProgressForm::Named {
+                next_sequence,
+                last_completed,
+                memory,
+            } => (next_sequence, last_completed, memory),
+        };
+        Self {
+            next_sequence,
+            last_completed,
+            memory,
+        }
+    }
 }
 
 /// An input accepted before the cut and not complete at it: run again on recovery.
@@ -129,4 +180,33 @@ pub async fn log_start(log: &dyn Log) -> Result<Marker, StoreError> {
         offsets.push(start);
     }
     Ok(Marker { offsets })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_keys_progress_is_written_compactly_and_read_in_either_form() {
+        let counters = KeyProgress {
+            next_sequence: 4,
+            last_completed: 3,
+            memory: BTreeMap::new(),
+        };
+        let with_memory = KeyProgress {
+            memory: [("seen".to_owned(), "2".to_owned())].into(),
+            ..counters.clone()
+        };
+        let json = serde_json::to_string(&[&counters, &with_memory]).expect("JSON");
+        assert_eq!(json, r#"[[4,3],[4,3,{"seen":"2"}]]"#);
+        let back: Vec<KeyProgress> = serde_json::from_str(&json).expect("read");
+        assert_eq!(back, [counters.clone(), with_memory.clone()]);
+        let named: KeyProgress = serde_json::from_str(
+            r#"{"next-sequence": 4, "last-completed": 3, "memory": {"seen": "2"}}"#,
+        )
+        .expect("the earlier form");
+        assert_eq!(named, with_memory);
+        let error = serde_json::from_str::<KeyProgress>(r#"[4]"#).expect_err("too short");
+        assert!(!error.to_string().is_empty());
+    }
 }

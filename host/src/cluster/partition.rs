@@ -155,6 +155,6 @@ pub async fn run(
     };
     let summary = run_inputs(agent, Box::pin(lines), &mut sink, &(), options)
         .await
-        .with_context(|| format!("partition {number}: writing outputs"))?;
+        .with_context(|| format!("partition {number}: running its inputs"))?;
     Ok(summary)
 }

@@ -69,24 +69,33 @@ fn free_ports(count: usize) -> anyhow::Result<Vec<u16>> {
         .collect()
 }
 
+/// The largest message of the servers, unless a test asks for another: 8 MiB.
+const MAX_PAYLOAD: u64 = 8 << 20;
+
 /// Attempts at starting the servers, each with new ports.
 const START_ATTEMPTS: usize = 3;
 
 impl NatsServers {
     /// One node with JetStream.
     pub fn single() -> anyhow::Result<Self> {
-        Self::start_nodes(1)
+        Self::start_nodes(1, MAX_PAYLOAD)
+    }
+
+    /// One node with JetStream whose largest message is `max_payload` bytes (the NATS
+    /// default is 1 MiB).
+    pub fn single_with_max_payload(max_payload: u64) -> anyhow::Result<Self> {
+        Self::start_nodes(1, max_payload)
     }
 
     /// A cluster of `nodes` nodes with JetStream (3 for streams of 3 replicas).
     pub fn cluster(nodes: usize) -> anyhow::Result<Self> {
-        Self::start_nodes(nodes)
+        Self::start_nodes(nodes, MAX_PAYLOAD)
     }
 
-    fn start_nodes(count: usize) -> anyhow::Result<Self> {
+    fn start_nodes(count: usize, max_payload: u64) -> anyhow::Result<Self> {
         let mut attempt = 1;
         loop {
-            match Self::try_start_nodes(count) {
+            match Self::try_start_nodes(count, max_payload) {
                 Ok(servers) => return Ok(servers),
                 Err(e) if attempt < START_ATTEMPTS => {
                     tracing::warn!("starting nats-server (attempt {attempt}): {e:#}");
@@ -97,7 +106,7 @@ impl NatsServers {
         }
     }
 
-    fn try_start_nodes(count: usize) -> anyhow::Result<Self> {
+    fn try_start_nodes(count: usize, max_payload: u64) -> anyhow::Result<Self> {
         let dir = tempfile::tempdir().context("a directory for the NATS servers")?;
         let ports: Vec<(u16, u16, u16)> = free_ports(3 * count)?
             .chunks(3)
@@ -109,7 +118,7 @@ impl NatsServers {
             let store = dir.path().join(&name);
             let mut config = format!(
                 "server_name: {name}\nlisten: 127.0.0.1:{port}\nhttp: 127.0.0.1:{monitor_port}\n\
-                 max_payload: 8MB\njetstream {{ store_dir: {store:?} }}\n"
+                 max_payload: {max_payload}\njetstream {{ store_dir: {store:?} }}\n"
             );
             if count > 1 {
                 let routes: Vec<String> = ports

@@ -339,3 +339,55 @@ async fn retention_keeps_what_the_oldest_checkpoint_needs() {
         );
     }
 }
+
+/// A checkpoint that fails is an error in the log; five in a row stop the run, saying why,
+/// instead of running on while nothing is pruned or let go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checkpoints_failing_in_a_row_stop_the_run_naming_the_cause() {
+    use rewind_host::checkpoint::LogCheckpoints;
+    use rewind_host::log::MemoryLog;
+
+    let toml = agent_toml("caller", "", "");
+    let agent = Arc::new(
+        Agent::builder(agent_file(&toml), sandbox())
+            .build()
+            .expect("agent"),
+    );
+    // A log whose records are too small for even a checkpoint's parts.
+    let log: Arc<dyn Log> = Arc::new(MemoryLog::new(1).with_max_record(64));
+    let checkpointing = Checkpointing {
+        store: Arc::new(LogCheckpoints::new(log, 0)),
+        every_inputs: Some(2),
+        every: None,
+        keep: 3,
+        retention: Vec::new(),
+    };
+    let lines: Vec<_> = (0..30)
+        .map(|i| {
+            Ok(InputLine {
+                id: None,
+                line: i + 1,
+                key: format!("k{i}"),
+                payload: "{}".to_owned(),
+            })
+        })
+        .collect();
+    let mut sink = JsonlSink::new(Vec::new());
+    let error = run_inputs(
+        agent,
+        futures_util::stream::iter(lines),
+        &mut sink,
+        &(),
+        RunOptions {
+            checkpointing: Some(&checkpointing),
+            resume: None,
+        },
+    )
+    .await
+    .expect_err("the run stops");
+    let message = error.to_string();
+    assert!(
+        message.contains("5 checkpoints in a row failed") && message.contains("too small"),
+        "{message}"
+    );
+}

@@ -40,6 +40,22 @@ impl Host {
         ttl_ms: u64,
         more: &[&str],
     ) -> Self {
+        let (replicas, ttl_ms) = (replicas.to_string(), ttl_ms.to_string());
+        let more: Vec<&str> = ["--replicas", &replicas, "--lease-ttl-ms", &ttl_ms]
+            .into_iter()
+            .chain(more.iter().copied())
+            .collect();
+        Self::start_in(dir, url, name, PARTITIONS, &more)
+    }
+
+    /// A host of an agent of `partitions` partitions, started with `more` arguments.
+    pub(super) fn start_in(
+        dir: &Path,
+        url: &str,
+        name: &str,
+        partitions: u32,
+        more: &[&str],
+    ) -> Self {
         let log = dir.join(format!("{name}.log"));
         let child = Command::new(env!("CARGO_BIN_EXE_rewind"))
             .arg("--cache-dir")
@@ -47,9 +63,7 @@ impl Host {
             .args(["cluster", "run"])
             .arg(dir.join("agent.toml"))
             .args(["--nats", url, "--prefix", "t", "--host", name])
-            .args(["--partitions", &PARTITIONS.to_string()])
-            .args(["--replicas", &replicas.to_string()])
-            .args(["--lease-ttl-ms", &ttl_ms.to_string()])
+            .args(["--partitions", &partitions.to_string()])
             .args(more)
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).expect("host log"))

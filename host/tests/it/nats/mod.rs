@@ -163,6 +163,7 @@ mod store {
 mod cluster;
 mod group_commit;
 mod leases;
+mod many_keys;
 mod publish;
 mod startup;
 
