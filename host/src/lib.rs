@@ -26,6 +26,7 @@ pub mod durable;
 pub mod event;
 pub mod functions;
 pub mod log;
+pub mod private;
 pub mod sandbox;
 pub mod server;
 pub mod state_dir;

@@ -17,8 +17,10 @@
 
 use std::fs::{File, OpenOptions, TryLockError};
 use std::io::{Read as _, Seek as _, Write as _};
+use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::{Path, PathBuf};
 
+use crate::private;
 use crate::store::Incarnation;
 
 const LOCK: &str = "lock";
@@ -63,13 +65,14 @@ impl StateDir {
     /// incarnation, or makes one when there is none (a new directory, or one an earlier
     /// build wrote).
     pub fn open(path: &Path) -> Result<Self, StateDirError> {
-        std::fs::create_dir_all(path).map_err(io(path))?;
+        private::create_private_dir(path).map_err(io(path))?;
         let lock_path = path.join(LOCK);
         let mut lock = OpenOptions::new()
             .read(true)
             .write(true)
             .create(true)
             .truncate(false)
+            .mode(0o600)
             .open(&lock_path)
             .map_err(io(&lock_path))?;
         match lock.try_lock() {
@@ -138,20 +141,11 @@ pub fn incarnation_of(dir: &Path) -> Result<Incarnation, StateDirError> {
     }
 }
 
-/// Writes `incarnation` to `dir` (a new file, synced, renamed into place, the directory
-/// synced), for a state that is to share another's: the crash kit's runs of one agent.
+/// Writes `incarnation` to `dir` (whole, private to the user), for a state that is to share
+/// another's: the crash kit's runs of one agent.
 pub fn set_incarnation(dir: &Path, incarnation: Incarnation) -> Result<(), StateDirError> {
-    std::fs::create_dir_all(dir).map_err(io(dir))?;
     let path = dir.join(INCARNATION);
-    let temp = dir.join(format!("{INCARNATION}.tmp"));
-    let mut file = File::create(&temp).map_err(io(&temp))?;
-    writeln!(file, "{incarnation}").map_err(io(&temp))?;
-    file.sync_all().map_err(io(&temp))?;
-    std::fs::rename(&temp, &path).map_err(io(&path))?;
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(io(dir))?;
-    Ok(())
+    private::write(&path, format!("{incarnation}\n").as_bytes()).map_err(io(&path))
 }
 
 fn make_incarnation(dir: &Path) -> Result<Incarnation, StateDirError> {

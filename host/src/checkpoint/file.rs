@@ -1,11 +1,12 @@
-//! Checkpoints as files in a directory: `checkpoint-<id>.json`, each written to a temporary
-//! file, synced, renamed into place, and the directory synced.
+//! Checkpoints as files in a directory: `checkpoint-<id>.json`, each written whole, private
+//! to the user (see [`crate::private::write`]).
 
 use std::path::{Path, PathBuf};
 
 use async_trait::async_trait;
 
 use crate::crash::{self, CrashPoint};
+use crate::private;
 
 use super::{Checkpoint, CheckpointError, CheckpointId, CheckpointStore};
 
@@ -72,21 +73,11 @@ impl FileCheckpoints {
     }
 
     fn save_now(&self, checkpoint: &Checkpoint, keep: usize) -> Result<(), CheckpointError> {
-        std::fs::create_dir_all(&self.dir)
-            .map_err(io(format!("creating {}", self.dir.display())))?;
         let path = self.path(checkpoint.id);
-        let temp = self.dir.join(format!(".{PREFIX}{}.tmp", checkpoint.id));
         let bytes = serde_json::to_vec_pretty(checkpoint)
             .map_err(|e| io(format!("encoding {}", path.display()))(std::io::Error::other(e)))?;
-        let write = || -> std::io::Result<()> {
-            let mut file = std::fs::File::create(&temp)?;
-            std::io::Write::write_all(&mut file, &bytes)?;
-            file.sync_all()?;
-            crash::reached(CrashPoint::CheckpointSave);
-            std::fs::rename(&temp, &path)
-        };
-        write().map_err(io(format!("writing {}", path.display())))?;
-        self.sync_dir()?;
+        private::write_staged(&path, &bytes, || crash::reached(CrashPoint::CheckpointSave))
+            .map_err(io(format!("writing {}", path.display())))?;
         let ids = self.ids()?;
         let excess = ids.len().saturating_sub(keep.max(1));
         for &old in &ids[..excess] {
@@ -150,7 +141,7 @@ mod tests {
         let store = FileCheckpoints::new(dir.path());
         store.save(&checkpoint(1), 3).await.expect("save");
         // A crash between writing the temporary file and renaming it.
-        std::fs::write(dir.path().join(".checkpoint-2.tmp"), b"{\"id\": 2, \"inp").expect("write");
+        std::fs::write(dir.path().join(".tmp-Ab3dE9"), b"{\"id\": 2, \"inp").expect("write");
         assert_eq!(store.latest().await.expect("latest"), Some(checkpoint(1)));
         assert_eq!(store.list().await.expect("list"), [1]);
     }

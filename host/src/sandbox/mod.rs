@@ -158,12 +158,12 @@ impl Sandbox {
     }
 
     /// The same sandbox (its engine, instance pool and linker), keeping compiled components
-    /// in `dir` instead: a server gives each tenant its own.
+    /// in `dir` instead, signed with the same key: a server gives each tenant its own.
     pub fn with_cache_dir(&self, dir: Option<PathBuf>) -> Self {
         Self {
             engine: self.engine.clone(),
             linker: Arc::clone(&self.linker),
-            cache: ComponentCache::new(dir),
+            cache: self.cache.with_dir(dir),
             instances: self.instances,
             max_memory_mib: self.max_memory_mib,
         }

@@ -11,6 +11,7 @@ use super::quota::QuotaExceeded;
 use super::tenants::check_name;
 use crate::agent::{Agent, AgentFile, Secrets};
 use crate::durable::CallBudget;
+use crate::private;
 use crate::sandbox::Sandbox;
 use crate::store::ActionStateStore;
 
@@ -143,7 +144,7 @@ impl Builder {
         let agent_dir = tenant_dir.join("agents").join(&name);
         let version = versions_on_disk(&agent_dir)?.last().map_or(1, |v| v + 1);
         let temp = agent_dir.join(format!(".define-{:016x}", rand::random::<u64>()));
-        std::fs::create_dir_all(&temp)?;
+        private::create_dir(&temp)?;
         let defined = (|| {
             for action in &file.config.actions {
                 let component = action.component.to_string_lossy();
@@ -163,8 +164,7 @@ impl Builder {
                     std::fs::copy(&source, &pinned)?;
                 }
             }
-            std::fs::write(temp.join(FILE), text)?;
-            std::fs::File::open(temp.join(FILE))?.sync_all()?;
+            private::write(&temp.join(FILE), text.as_bytes())?;
             let agent = self.build(&temp, text, true)?;
             std::fs::File::open(&temp)?.sync_all()?;
             let dir = agent_dir.join(version.to_string());

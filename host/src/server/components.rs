@@ -12,6 +12,7 @@ use sha2::Digest as _;
 use super::compile::{Busy, CompileSlots};
 use super::quota::QuotaExceeded;
 use super::runtime::TenantRuntime;
+use crate::private;
 use crate::sandbox::LoadError;
 
 /// Why an upload was not stored.
@@ -49,7 +50,7 @@ pub async fn upload(
     let dir = runtime.dir().join("components");
     let path = dir.join(format!("{name}.wasm"));
     let replaced = unpinned_digest(&path);
-    write_atomically(&dir, &path, &wasm)?;
+    private::write(&path, &wasm)?;
     if let Some(old) = replaced.filter(|old| *old != sha256) {
         runtime.sandbox().cache().evict(&old);
     }
@@ -65,16 +66,4 @@ fn unpinned_digest(path: &Path) -> Option<String> {
     }
     let bytes = std::fs::read(path).ok()?;
     Some(hex::encode(sha2::Sha256::digest(bytes)))
-}
-
-/// A temporary file, synced, renamed into place, and the directory synced.
-fn write_atomically(dir: &Path, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    std::fs::create_dir_all(dir)?;
-    // Unique, so that two uploads of one name at once do not write one temporary file.
-    let temp = dir.join(format!(".upload-{:016x}.tmp", rand::random::<u64>()));
-    let mut out = std::fs::File::create(&temp)?;
-    std::io::Write::write_all(&mut out, bytes)?;
-    out.sync_all()?;
-    std::fs::rename(&temp, path)?;
-    std::fs::File::open(dir)?.sync_all()
 }

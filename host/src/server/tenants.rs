@@ -9,6 +9,8 @@ use rand::RngCore as _;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
 
+use crate::private;
+
 /// Why the registry refused or failed.
 #[derive(Debug, thiserror::Error)]
 pub enum TenantError {
@@ -138,25 +140,14 @@ impl Tenants {
         Ok(token)
     }
 
-    /// Writes the registry: a temporary file, synced, renamed over the old one, and the
-    /// directory synced.
+    /// Writes the registry whole, readable by this user only.
     fn save(&self, file: &File) -> Result<(), TenantError> {
         let error = |error| TenantError::Write {
             path: self.path.display().to_string(),
             error,
         };
-        let dir = self.path.parent().unwrap_or(Path::new("."));
-        std::fs::create_dir_all(dir).map_err(error)?;
-        let temp = dir.join(".tenants.json.tmp");
         let bytes = serde_json::to_vec_pretty(file).map_err(|e| error(std::io::Error::other(e)))?;
-        let write = || -> std::io::Result<()> {
-            let mut out = std::fs::File::create(&temp)?;
-            std::io::Write::write_all(&mut out, &bytes)?;
-            out.sync_all()?;
-            std::fs::rename(&temp, &self.path)?;
-            std::fs::File::open(dir)?.sync_all()
-        };
-        write().map_err(error)
+        private::write(&self.path, &bytes).map_err(error)
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {

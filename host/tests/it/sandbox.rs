@@ -339,6 +339,139 @@ fn a_compiled_component_is_cached_on_disk_and_a_broken_cache_file_is_recompiled(
     );
 }
 
+/// A sandbox caching compiled components in `dir`, as a new process would have.
+fn sandbox_caching_in(dir: &std::path::Path) -> Arc<rewind_host::sandbox::Sandbox> {
+    Arc::new(
+        rewind_host::sandbox::Sandbox::builder()
+            .cache_dir(Some(dir.to_owned()))
+            .instances(4)
+            .build()
+            .expect("sandbox"),
+    )
+}
+
+/// The files in `dir` whose names end in `suffix`.
+fn files_ending(dir: &std::path::Path, suffix: &str) -> Vec<std::path::PathBuf> {
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .expect("list")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.to_string_lossy().ends_with(suffix))
+        .collect();
+    files.sort();
+    files
+}
+
+#[test]
+fn a_cache_directory_others_can_write_or_with_a_key_others_can_read_is_not_used() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let noop = crate::support::guest("noop");
+
+    let open = dir.path().join("open");
+    std::fs::create_dir(&open).expect("mkdir");
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    sandbox_caching_in(&open)
+        .load_file(&noop)
+        .expect("compiled in memory instead");
+    assert_eq!(
+        std::fs::read_dir(&open).expect("list").count(),
+        0,
+        "nothing is written to a directory anyone can write"
+    );
+    assert!(!dir.path().join("open.key").exists(), "nor a key beside it");
+
+    let shown = dir.path().join("shown");
+    std::fs::write(dir.path().join("shown.key"), "00".repeat(32)).expect("key");
+    std::fs::set_permissions(
+        dir.path().join("shown.key"),
+        std::fs::Permissions::from_mode(0o644),
+    )
+    .expect("chmod");
+    sandbox_caching_in(&shown)
+        .load_file(&noop)
+        .expect("compiled in memory instead");
+    assert!(
+        files_ending(&shown, ".cwasm").is_empty(),
+        "nothing is signed with a key others can read"
+    );
+
+    let fresh = dir.path().join("fresh");
+    sandbox_caching_in(&fresh).load_file(&noop).expect("loads");
+    assert_eq!(files_ending(&fresh, ".cwasm").len(), 1);
+    for (path, mode) in [
+        (fresh.clone(), 0o700),
+        (dir.path().join("fresh.key"), 0o600),
+        (files_ending(&fresh, ".cwasm")[0].clone(), 0o600),
+        (files_ending(&fresh, ".cwasm.mac")[0].clone(), 0o600),
+    ] {
+        let found = std::fs::metadata(&path).expect("stat").permissions().mode() & 0o777;
+        assert_eq!(found, mode, "{}: {found:o}", path.display());
+    }
+}
+
+#[tokio::test]
+async fn a_tampered_cache_entry_is_compiled_again_not_run() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cache = dir.path().join("cache");
+    let noop = crate::support::guest("noop");
+    let hostile = crate::support::guest("hostile");
+    {
+        let sandbox = sandbox_caching_in(&cache);
+        sandbox.load_file(&noop).expect("loads");
+        sandbox.load_file(&hostile).expect("loads");
+    }
+    let digest = |path: &std::path::Path| {
+        use sha2::Digest as _;
+        hex::encode(sha2::Sha256::digest(std::fs::read(path).expect("guest")))
+    };
+    let entry_of = |guest: &std::path::Path| {
+        let prefix = digest(guest);
+        files_ending(&cache, ".cwasm")
+            .into_iter()
+            .find(|p| {
+                p.to_string_lossy()
+                    .starts_with(&format!("{}/{prefix}", cache.display()))
+            })
+            .expect("an entry per component")
+    };
+    let (noop_entry, hostile_entry) = (entry_of(&noop), entry_of(&hostile));
+    let mac = |entry: &std::path::Path| {
+        let mut name = entry.as_os_str().to_owned();
+        name.push(".mac");
+        std::path::PathBuf::from(name)
+    };
+    // Someone who can write the directory puts hostile's signed entry under noop's name
+    // (each file replaced by rename, as a running process may have the old one mapped).
+    let hostile_bytes = std::fs::read(&hostile_entry).expect("read");
+    for (from, to) in [
+        (hostile_entry.clone(), noop_entry.clone()),
+        (mac(&hostile_entry), mac(&noop_entry)),
+    ] {
+        let staged = cache.join("staged");
+        std::fs::copy(&from, &staged).expect("copy");
+        std::fs::rename(&staged, &to).expect("rename");
+    }
+
+    let toml = agent_toml("noop", "parallelism = 1", "");
+    let agent = rewind_host::agent::Agent::builder(
+        crate::support::agent_file(&toml),
+        sandbox_caching_in(&cache),
+    )
+    .store(memory_store())
+    .build()
+    .expect("agent loads");
+    // Hostile's code would trap on this input; noop completes.
+    let report = agent
+        .process(&input("k", 1, json!({ "mode": "trap" })))
+        .await;
+    assert!(report.error.is_none(), "the tampered entry ran: {report:?}");
+    assert_ne!(
+        std::fs::read(&noop_entry).expect("read"),
+        hostile_bytes,
+        "the entry is compiled again and replaced"
+    );
+}
+
 #[tokio::test]
 async fn a_guest_that_prints_more_than_is_kept_is_not_stopped() {
     let report = hostile("flood", "").await;

@@ -23,6 +23,7 @@
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::{Path, PathBuf};
 
 use super::entry::{self, Decoded};
@@ -149,6 +150,7 @@ pub(super) fn open(
     }
     let file = File::options()
         .create(true)
+        .mode(0o600)
         .append(true)
         .open(&path)
         .map_err(io(format!("opening {}", path.display())))?;

@@ -9,6 +9,7 @@ use super::entry::{self, Decoded};
 use super::segment::{Partition, Segment, create_segment, segment_path, sync_dir};
 use super::{FileLogOptions, Recovery};
 use crate::log::{LogError, Offset};
+use crate::private;
 
 /// The directory's format file.
 const FORMAT_FILE: &str = "log.json";
@@ -63,7 +64,7 @@ pub(super) fn open(
             });
         }
     } else {
-        std::fs::create_dir_all(dir).map_err(io(format!("creating {}", dir.display())))?;
+        private::create_dir(dir).map_err(io(format!("creating {}", dir.display())))?;
     }
     check_format(dir, options.partitions)?;
     // Partitions are scanned at once, on threads of their own: opening reads every byte.
@@ -146,15 +147,7 @@ fn check_format(dir: &Path, partitions: u32) -> Result<(), LogError> {
                 partitions,
             })
             .map_err(|e| io(format!("writing {}", path.display()))(std::io::Error::other(e)))?;
-            let temp = dir.join(format!("{FORMAT_FILE}.tmp"));
-            let write = || -> std::io::Result<()> {
-                let mut file = File::create(&temp)?;
-                std::io::Write::write_all(&mut file, &bytes)?;
-                file.sync_all()?;
-                std::fs::rename(&temp, &path)
-            };
-            write().map_err(io(format!("writing {}", path.display())))?;
-            sync_dir(dir)
+            private::write(&path, &bytes).map_err(io(format!("writing {}", path.display())))
         }
         Err(e) => Err(io(format!("reading {}", path.display()))(e)),
     }
@@ -185,7 +178,7 @@ fn open_partition(
         if read_only {
             return Ok(empty(pdir, None));
         }
-        std::fs::create_dir_all(&pdir).map_err(io(format!("creating {}", pdir.display())))?;
+        private::create_dir(&pdir).map_err(io(format!("creating {}", pdir.display())))?;
         sync_dir(dir)?;
     }
     let mut bases: Vec<Offset> = Vec::new();

@@ -3,6 +3,7 @@
 use std::fs::File;
 use std::io::Write;
 use std::os::unix::fs::FileExt;
+use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::{Path, PathBuf};
 
 use super::entry::{self, Decoded};
@@ -268,6 +269,7 @@ impl ReadPlan {
 pub(super) fn create_segment(dir: &Path, path: &Path) -> Result<File, LogError> {
     let file = File::options()
         .create_new(true)
+        .mode(0o600)
         .append(true)
         .read(true)
         .open(path)

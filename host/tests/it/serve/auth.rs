@@ -286,3 +286,49 @@ async fn a_component_upload_is_checked_and_each_bad_one_is_named() {
         (StatusCode::FORBIDDEN, StatusCode::FORBIDDEN)
     );
 }
+
+#[tokio::test]
+async fn the_state_directory_and_every_file_in_it_are_private_to_the_user() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let dir = tempfile::tempdir().expect("tempdir");
+    // A directory made by someone with a lax umask is taken private too.
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let server = Server::start(dir.path(), "").await;
+    let acme = server.tenant("acme").await;
+    server.deploy("acme", &acme, "bot", "caller", "").await;
+    let (status, body) = server
+        .submit("acme", &acme, "bot", "e1", "k", json!({ "output": true }))
+        .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    server.wait_outputs("acme", &acme, 1).await;
+    server.stop().await;
+
+    let mut seen = Vec::new();
+    let mut open = Vec::new();
+    let mut pending = vec![dir.path().to_owned()];
+    while let Some(path) = pending.pop() {
+        let metadata = std::fs::symlink_metadata(&path).expect("stat");
+        let mode = metadata.permissions().mode() & 0o777;
+        let name = path.strip_prefix(dir.path()).expect("inside").to_owned();
+        if mode & 0o077 != 0 {
+            open.push(format!("{} ({mode:o})", name.display()));
+        }
+        if metadata.is_dir() {
+            for entry in std::fs::read_dir(&path).expect("list") {
+                pending.push(entry.expect("entry").path());
+            }
+        }
+        seen.push(name);
+    }
+    for expected in ["tenants.json", "tenants/acme/components/worker.wasm"] {
+        assert!(
+            seen.iter().any(|p| p.as_os_str() == expected),
+            "{expected} is not in {seen:?}"
+        );
+    }
+    assert!(
+        seen.iter().any(|p| p.starts_with("tenants/acme/compiled")),
+        "{seen:?}"
+    );
+    assert!(open.is_empty(), "others may read: {open:?}");
+}

@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 use super::{Server, agent, send};
 use crate::support::guest;
 
-/// Files in the tenant's cache of compiled components.
+/// The compiled components in the tenant's cache (each has its MAC beside it).
 fn compiled(state: &Path, tenant: &str) -> Vec<String> {
     let dir = state.join("tenants").join(tenant).join("compiled");
     let mut names: Vec<String> = std::fs::read_dir(dir)
@@ -19,6 +19,7 @@ fn compiled(state: &Path, tenant: &str) -> Vec<String> {
             entries
                 .flatten()
                 .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|name| name.ends_with(".cwasm"))
                 .collect()
         })
         .unwrap_or_default();
@@ -154,9 +155,10 @@ async fn a_version_let_go_is_loaded_again_for_an_input_of_its_own() {
     );
     server.stop().await;
 
-    // Started again with a short timeout, version 1 is not loaded (only the newest is);
-    // its inputs load it: the spinning one fails at the timeout, the next completes.
-    let server = Server::start(dir.path(), &format!("{quotas}timeout-ms = 300\n")).await;
+    // Started again with a small CPU budget, version 1 is not loaded (only the newest
+    // is); its inputs load it: the spinning one fails at the budget, the next completes.
+    // (Fuel, not a timeout: which of two limits a loop reaches first depends on the load.)
+    let server = Server::start(dir.path(), &format!("{quotas}fuel = 50_000_000\n")).await;
     let history = server.settled_history("acme", &token, "bot", "k").await;
     let inputs = history["inputs"].as_array().expect("inputs");
     let seen: Vec<(u64, &str)> = inputs
