@@ -1,7 +1,9 @@
 //! Crash points: named places on the durable path where a test can kill the process.
 //!
-//! A process is armed with one point and a count, from `REWIND_CRASH_AT=POINT[:N]` (the `rewind`
-//! binary reads it at start) or with [`arm`]. The `N`th time that point is reached, the
+//! A process is armed with one point and a count, from `REWIND_CRASH_AT=POINT[:N]` (which
+//! `rewind run` and `rewind test` read at start; `serve` and `cluster` refuse to start with
+//! it set) or with [`arm`] (`rewind serve --crash-at`, in a build with the `test-hooks`
+//! feature only). The `N`th time that point is reached, the
 //! process sends itself SIGKILL: no destructor runs, no buffer is flushed, no file is closed,
 //! exactly as if the machine's operator had killed it there. Unarmed, a point costs one
 //! atomic load.
@@ -89,7 +91,7 @@ impl fmt::Display for Crash {
 
 #[derive(Debug, thiserror::Error)]
 #[error(
-    "{ENV}={given:?}: {problem}; expected POINT or POINT:N with N ≥ 1, POINT one of {}",
+    "{given:?}: {problem}; expected POINT or POINT:N with N ≥ 1, POINT one of {}",
     CrashPoint::ALL.map(CrashPoint::name).join(", ")
 )]
 pub struct ParseCrashError {
@@ -190,7 +192,7 @@ pub fn reached_then(point: CrashPoint, last: impl FnOnce()) {
     }
     if armed.reached.fetch_add(1, Ordering::SeqCst) + 1 == armed.crash.nth {
         last();
-        eprintln!("rewind: crash injected at {} ({ENV})", armed.crash);
+        eprintln!("rewind: crash injected at {}", armed.crash);
         let _ =
             rustix::process::kill_process(rustix::process::getpid(), rustix::process::Signal::KILL);
         // SIGKILL cannot be caught; this is not reached.

@@ -14,24 +14,13 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 fn main() -> std::process::ExitCode {
     let args = cli::Cli::parse();
     cli::init_tracing(args.verbose);
-    // A test hook: kill this process at a durable boundary (see `rewind_host::crash`).
-    match rewind_host::crash::arm_from_env() {
-        Ok(Some(crash)) => tracing::warn!("armed to crash at {crash}"),
-        Ok(None) => {}
+    let counts = match cli::test_hooks(&args) {
+        Ok(counts) => counts,
         Err(e) => {
-            eprintln!("error: {e}");
+            eprintln!("error: {}", describe(&e));
             return std::process::ExitCode::FAILURE;
         }
-    }
-    // A test hook: clocks and random sources deterministic (see `rewind_host::durable`).
-    match rewind_host::durable::seed_from_env() {
-        Ok(Some(seeded)) => tracing::warn!("clocks and random sources seeded: {seeded}"),
-        Ok(None) => {}
-        Err(e) => {
-            eprintln!("error: {e}");
-            return std::process::ExitCode::FAILURE;
-        }
-    }
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -42,10 +31,6 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
-    let counts = std::env::var_os(rewind_host::crash::COUNT_ENV);
-    if counts.is_some() {
-        rewind_host::crash::count();
-    }
     let code = match runtime.block_on(cli::main(args)) {
         Ok(code) => code,
         Err(e) => {

@@ -8,9 +8,11 @@ mod serve;
 mod state;
 mod test;
 
+use std::ffi::OsString;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 
 #[derive(Debug, Parser)]
@@ -63,6 +65,52 @@ pub fn init_tracing(verbose: u8) {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr)
         .init();
+}
+
+/// The environment variables that are test hooks: they kill the process at a durable
+/// boundary, count the boundaries it reaches, or make its clocks and random sources
+/// predictable.
+const TEST_HOOKS: [&str; 3] = [
+    rewind_host::crash::ENV,
+    rewind_host::crash::COUNT_ENV,
+    rewind_host::durable::SEED_ENV,
+];
+
+/// Arms the test hooks that `rewind run` and `rewind test` honour (a crash point, seeded
+/// clocks, counting crash points: the crash kit's runs); the file to write the counts to,
+/// when counting. A long-running server (`serve`, `cluster`) refuses to start with any of
+/// them set, naming it: a stray variable must not kill or de-randomise it. `check` and
+/// `inspect` reach no durable boundary and ignore them.
+pub fn test_hooks(cli: &Cli) -> anyhow::Result<Option<OsString>> {
+    let server = match &cli.command {
+        Command::Run(_) | Command::Test(_) => None,
+        Command::Serve(_) => Some("rewind serve"),
+        Command::Cluster(_) => Some("rewind cluster"),
+        Command::Check(_) | Command::Inspect(_) => return Ok(None),
+    };
+    if let Some(server) = server {
+        if let Some(name) = TEST_HOOKS
+            .iter()
+            .find(|name| std::env::var_os(name).is_some())
+        {
+            anyhow::bail!(
+                "{name} is set: it is a test hook, honoured only by `rewind run` and `rewind \
+                 test`; `{server}` does not start with it (unset it)"
+            );
+        }
+        return Ok(None);
+    }
+    if let Some(crash) = rewind_host::crash::arm_from_env().context(rewind_host::crash::ENV)? {
+        tracing::warn!("armed to crash at {crash}");
+    }
+    if let Some(seeded) = rewind_host::durable::seed_from_env().map_err(anyhow::Error::msg)? {
+        tracing::warn!("clocks and random sources seeded: {seeded}");
+    }
+    let counts = std::env::var_os(rewind_host::crash::COUNT_ENV);
+    if counts.is_some() {
+        rewind_host::crash::count();
+    }
+    Ok(counts)
 }
 
 pub async fn main(cli: Cli) -> anyhow::Result<ExitCode> {

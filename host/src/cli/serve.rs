@@ -14,9 +14,19 @@ pub struct ServeArgs {
     /// The server's configuration.
     #[arg(long, default_value = "rewind.toml")]
     config: PathBuf,
+    /// A test hook, only in a build with the `test-hooks` feature (the tests'): kill the
+    /// server the Nth time it reaches POINT (see `rewind_host::crash`).
+    #[cfg(feature = "test-hooks")]
+    #[arg(long, hide = true, value_name = "POINT[:N]")]
+    crash_at: Option<rewind_host::crash::Crash>,
 }
 
 pub async fn serve(args: ServeArgs, sandbox: Sandbox) -> anyhow::Result<ExitCode> {
+    #[cfg(feature = "test-hooks")]
+    if let Some(crash) = args.crash_at {
+        rewind_host::crash::arm(crash);
+        tracing::warn!("armed to crash at {crash}");
+    }
     let config = ServerConfig::load(&args.config)?;
     let admin = config.admin_token(&args.config)?;
     let listen = config.listen;

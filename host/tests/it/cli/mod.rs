@@ -531,3 +531,59 @@ async fn test_sends_each_call_to_the_real_endpoint_once_and_says_what_became_of_
         "the calls in doubt at the crash, listed: {stdout}"
     );
 }
+
+#[test]
+fn a_test_hook_in_the_environment_stops_serve_and_cluster_from_starting_naming_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = write(
+        dir.path(),
+        "rewind.toml",
+        "listen = \"127.0.0.1:0\"\n[admin-token]\nenv = \"REWIND_TEST_ADMIN\"\n",
+    );
+    let agent = caller_agent(dir.path(), "");
+    let counts = dir.path().join("counts.json");
+    for (variable, value) in [
+        ("REWIND_CRASH_AT", "after-call:1".as_ref()),
+        ("REWIND_CRASH_COUNT", counts.as_os_str()),
+        ("REWIND_AMBIENT_SEED", "7".as_ref()),
+    ] {
+        for (server, args) in [
+            (
+                "rewind serve",
+                vec!["serve".as_ref(), "--config".as_ref(), config.as_os_str()],
+            ),
+            (
+                "rewind cluster",
+                // Nothing listens at port 9: refused before it would try to connect.
+                vec![
+                    "cluster".as_ref(),
+                    "run".as_ref(),
+                    agent.as_os_str(),
+                    "--nats".as_ref(),
+                    "nats://127.0.0.1:9".as_ref(),
+                ],
+            ),
+        ] {
+            let out = rewind(dir.path())
+                .args(&args)
+                .env(variable, value)
+                // Unset: were the variable not refused, serve would stop at the token
+                // (with another error) rather than serve on.
+                .env_remove("REWIND_TEST_ADMIN")
+                .output()
+                .expect("rewind runs");
+            let stderr = text(&out.stderr);
+            assert!(!out.status.success(), "{server} with {variable}: {stderr}");
+            assert!(
+                stderr.contains(&format!("{variable} is set: it is a test hook"))
+                    && stderr.contains(&format!("`{server}` does not start")),
+                "{server} with {variable}: {stderr}"
+            );
+        }
+    }
+    assert!(
+        !dir.path().join("rewind-state").exists(),
+        "the refused server made no state"
+    );
+    assert!(!counts.exists(), "nor counted anything");
+}

@@ -359,7 +359,8 @@ pub struct Process {
 }
 
 impl Process {
-    /// Starts `rewind serve --config CONFIG`, with `crash` armed, and waits until it listens.
+    /// Starts `rewind serve --config CONFIG`, with `crash` armed (`--crash-at`, a test
+    /// hook of the tests' build), and waits until it listens.
     pub fn start(config: &Path, crash: Option<&str>) -> Self {
         use std::io::BufRead as _;
         let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_rewind"));
@@ -369,7 +370,7 @@ impl Process {
             .env_remove(rewind_host::crash::ENV)
             .stderr(std::process::Stdio::piped());
         if let Some(crash) = crash {
-            command.env(rewind_host::crash::ENV, crash);
+            command.args(["--crash-at", crash]);
         }
         let mut child = command.spawn().expect("rewind serve starts");
         let mut stderr = std::io::BufReader::new(child.stderr.take().expect("stderr"));
