@@ -1,5 +1,6 @@
 //! The tenants and their tokens, kept in `tenants.json` under the state directory. Only a
-//! token's SHA-256 is stored; a token is shown once, when it is issued.
+//! token's SHA-256 is stored; a token is shown once, when it is issued. Each token has an id
+//! that names it (to list or revoke it) without being it.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -22,6 +23,8 @@ pub enum TenantError {
     Exists(String),
     #[error("no tenant {0}")]
     Missing(String),
+    #[error("tenant {tenant} has no token {id}")]
+    NoToken { tenant: String, id: String },
     #[error("{path}: {message}")]
     Unreadable { path: String, message: String },
     #[error("writing {path}: {error}")]
@@ -32,8 +35,82 @@ pub enum TenantError {
 #[derive(Debug, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct File {
-    /// Tenant name to the SHA-256 (hex) of each of its tokens.
-    tenants: BTreeMap<String, Vec<String>>,
+    /// Tenant name to its tokens.
+    tenants: BTreeMap<String, Vec<StoredToken>>,
+}
+
+/// A token as the registry keeps it.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(from = "TokenForm")]
+struct StoredToken {
+    id: String,
+    /// SHA-256 of the token, hex.
+    sha256: String,
+    /// When it was issued, in milliseconds since the Unix epoch (0: before ids were kept).
+    created_ms: u64,
+    /// When it was last used, to the minute (see [`LAST_USED_EVERY_MS`]).
+    last_used_ms: Option<u64>,
+}
+
+/// What a token in the file may look like: a bare hash, as registries written before tokens
+/// had ids kept them (its id is then made from the hash, the same at every start until the
+/// file is written again), or a whole entry.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum TokenForm {
+    Hash(String),
+    Token {
+        id: String,
+        sha256: String,
+        created_ms: u64,
+        #[serde(default)]
+        last_used_ms: Option<u64>,
+    },
+}
+
+impl From<TokenForm> for StoredToken {
+    fn from(form: TokenForm) -> Self {
+        match form {
+            TokenForm::Hash(sha256) => Self {
+                id: format!("tok_{}", sha256.get(..16).unwrap_or(&sha256)),
+                sha256,
+                created_ms: 0,
+                last_used_ms: None,
+            },
+            TokenForm::Token {
+                id,
+                sha256,
+                created_ms,
+                last_used_ms,
+            } => Self {
+                id,
+                sha256,
+                created_ms,
+                last_used_ms,
+            },
+        }
+    }
+}
+
+/// A token's last use is written when it is this much newer than the one written before:
+/// a request does not cost a write of the registry.
+pub const LAST_USED_EVERY_MS: u64 = 60_000;
+
+/// A token as it is listed: never the token itself.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TokenInfo {
+    pub id: String,
+    /// Milliseconds since the Unix epoch; 0 for a token issued before ids were kept.
+    pub created_ms: u64,
+    /// Milliseconds since the Unix epoch, to the minute; `None` when never used.
+    pub last_used_ms: Option<u64>,
+}
+
+/// A token just issued: the only time it is shown.
+#[derive(Clone, Debug)]
+pub struct Issued {
+    pub id: String,
+    pub token: String,
 }
 
 /// The tenant registry.
@@ -46,36 +123,31 @@ pub struct Tenants {
 #[derive(Debug, Default)]
 struct Inner {
     file: File,
-    /// Token hash to tenant.
-    by_token: BTreeMap<[u8; 32], String>,
+    /// Token hash to its tenant and id.
+    by_token: BTreeMap<[u8; 32], (String, String)>,
 }
 
 impl Tenants {
     /// Opens the registry under `state_dir`, creating the directory when missing.
     pub fn open(state_dir: &Path) -> Result<Self, TenantError> {
         let path = state_dir.join("tenants.json");
-        let file = match std::fs::read(&path) {
-            Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| TenantError::Unreadable {
-                path: path.display().to_string(),
-                message: e.to_string(),
-            })?,
+        let unreadable = |message: String| TenantError::Unreadable {
+            path: path.display().to_string(),
+            message,
+        };
+        let file: File = match std::fs::read(&path) {
+            Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| unreadable(e.to_string()))?,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => File::default(),
-            Err(e) => {
-                return Err(TenantError::Unreadable {
-                    path: path.display().to_string(),
-                    message: e.to_string(),
-                });
-            }
+            Err(e) => return Err(unreadable(e.to_string())),
         };
         let mut by_token = BTreeMap::new();
-        for (tenant, hashes) in &file.tenants {
-            for hash in hashes {
+        for (tenant, tokens) in &file.tenants {
+            for token in tokens {
                 let mut bytes = [0u8; 32];
-                hex::decode_to_slice(hash, &mut bytes).map_err(|e| TenantError::Unreadable {
-                    path: path.display().to_string(),
-                    message: format!("a token hash of tenant {tenant}: {e}"),
+                hex::decode_to_slice(&token.sha256, &mut bytes).map_err(|e| {
+                    unreadable(format!("token {} of tenant {tenant}: {e}", token.id))
                 })?;
-                by_token.insert(bytes, tenant.clone());
+                by_token.insert(bytes, (tenant.clone(), token.id.clone()));
             }
         }
         Ok(Self {
@@ -85,18 +157,22 @@ impl Tenants {
     }
 
     /// Creates `name` and issues its first token.
-    pub fn create(&self, name: &str) -> Result<String, TenantError> {
+    pub fn create(&self, name: &str) -> Result<Issued, TenantError> {
         check_name(name)?;
         let mut inner = self.lock();
         if inner.file.tenants.contains_key(name) {
             return Err(TenantError::Exists(name.to_owned()));
         }
         inner.file.tenants.insert(name.to_owned(), Vec::new());
-        self.issue_locked(&mut inner, name)
+        let issued = self.issue_locked(&mut inner, name);
+        if issued.is_err() {
+            inner.file.tenants.remove(name);
+        }
+        issued
     }
 
     /// Issues another token for `name`.
-    pub fn issue(&self, name: &str) -> Result<String, TenantError> {
+    pub fn issue(&self, name: &str) -> Result<Issued, TenantError> {
         let mut inner = self.lock();
         if !inner.file.tenants.contains_key(name) {
             return Err(TenantError::Missing(name.to_owned()));
@@ -104,9 +180,76 @@ impl Tenants {
         self.issue_locked(&mut inner, name)
     }
 
-    /// The tenant a token belongs to.
-    pub fn tenant_of(&self, token: &str) -> Option<String> {
-        self.lock().by_token.get(&hash(token)).cloned()
+    /// The tenant a token belongs to, `None` for a token never issued or revoked. Notes the
+    /// use (written at most once a minute per token; a failure to write it only warns).
+    pub fn authenticate(&self, token: &str) -> Option<String> {
+        let mut inner = self.lock();
+        let (tenant, id) = inner.by_token.get(&hash(token)).cloned()?;
+        let now = now_ms();
+        let stored = inner
+            .file
+            .tenants
+            .get_mut(&tenant)
+            .and_then(|tokens| tokens.iter_mut().find(|t| t.id == id));
+        if let Some(stored) = stored
+            && stored
+                .last_used_ms
+                .is_none_or(|last| now.saturating_sub(last) >= LAST_USED_EVERY_MS)
+        {
+            stored.last_used_ms = Some(now - now % LAST_USED_EVERY_MS);
+            if let Err(error) = self.save(&inner.file) {
+                tracing::warn!("noting when token {id} of tenant {tenant} was used: {error}");
+            }
+        }
+        Some(tenant)
+    }
+
+    /// The tokens of `name`, in the order they were issued.
+    pub fn tokens(&self, name: &str) -> Result<Vec<TokenInfo>, TenantError> {
+        let inner = self.lock();
+        let tokens = inner
+            .file
+            .tenants
+            .get(name)
+            .ok_or_else(|| TenantError::Missing(name.to_owned()))?;
+        Ok(tokens
+            .iter()
+            .map(|t| TokenInfo {
+                id: t.id.clone(),
+                created_ms: t.created_ms,
+                last_used_ms: t.last_used_ms,
+            })
+            .collect())
+    }
+
+    /// Revokes token `id` of `name`: from now on, and after a restart, it is refused. The
+    /// change is durable before this returns.
+    pub fn revoke(&self, name: &str, id: &str) -> Result<(), TenantError> {
+        let mut inner = self.lock();
+        let tokens = inner
+            .file
+            .tenants
+            .get_mut(name)
+            .ok_or_else(|| TenantError::Missing(name.to_owned()))?;
+        let at = tokens
+            .iter()
+            .position(|t| t.id == id)
+            .ok_or_else(|| TenantError::NoToken {
+                tenant: name.to_owned(),
+                id: id.to_owned(),
+            })?;
+        let revoked = tokens.remove(at);
+        if let Err(error) = self.save(&inner.file) {
+            // Not durable, so not revoked.
+            if let Some(tokens) = inner.file.tenants.get_mut(name) {
+                tokens.insert(at, revoked);
+            }
+            return Err(error);
+        }
+        inner
+            .by_token
+            .retain(|_, (tenant, token)| !(tenant == name && token == id));
+        Ok(())
     }
 
     /// Every tenant, in order.
@@ -118,26 +261,34 @@ impl Tenants {
         self.lock().file.tenants.contains_key(name)
     }
 
-    fn issue_locked(&self, inner: &mut Inner, name: &str) -> Result<String, TenantError> {
+    fn issue_locked(&self, inner: &mut Inner, name: &str) -> Result<Issued, TenantError> {
         let mut secret = [0u8; 32];
         rand::rng().fill_bytes(&mut secret);
         let token = format!("rwt_{}", hex::encode(secret));
+        let mut id = [0u8; 8];
+        rand::rng().fill_bytes(&mut id);
+        let id = format!("tok_{}", hex::encode(id));
         let hashed = hash(&token);
         inner
             .file
             .tenants
             .entry(name.to_owned())
             .or_default()
-            .push(hex::encode(hashed));
+            .push(StoredToken {
+                id: id.clone(),
+                sha256: hex::encode(hashed),
+                created_ms: now_ms(),
+                last_used_ms: None,
+            });
         if let Err(error) = self.save(&inner.file) {
             // Not durable, so not issued.
-            if let Some(hashes) = inner.file.tenants.get_mut(name) {
-                hashes.pop();
+            if let Some(tokens) = inner.file.tenants.get_mut(name) {
+                tokens.pop();
             }
             return Err(error);
         }
-        inner.by_token.insert(hashed, name.to_owned());
-        Ok(token)
+        inner.by_token.insert(hashed, (name.to_owned(), id.clone()));
+        Ok(Issued { id, token })
     }
 
     /// Writes the registry whole, readable by this user only.
@@ -155,6 +306,12 @@ impl Tenants {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// SHA-256 of a token.
@@ -185,8 +342,8 @@ mod tests {
     fn tokens_survive_a_reopen_and_only_their_hashes_are_stored() {
         let dir = tempfile::tempdir().expect("tempdir");
         let tenants = Tenants::open(dir.path()).expect("opens");
-        let token = tenants.create("acme").expect("created");
-        let second = tenants.issue("acme").expect("issued");
+        let token = tenants.create("acme").expect("created").token;
+        let second = tenants.issue("acme").expect("issued").token;
         assert_ne!(token, second);
         assert!(matches!(
             tenants.create("acme"),
@@ -200,9 +357,63 @@ mod tests {
         let stored = std::fs::read_to_string(dir.path().join("tenants.json")).expect("file");
         assert!(!stored.contains(&token) && !stored.contains(&token[4..]));
         let reopened = Tenants::open(dir.path()).expect("reopens");
-        assert_eq!(reopened.tenant_of(&token).as_deref(), Some("acme"));
-        assert_eq!(reopened.tenant_of(&second).as_deref(), Some("acme"));
-        assert_eq!(reopened.tenant_of("rwt_guess"), None);
+        assert_eq!(reopened.authenticate(&token).as_deref(), Some("acme"));
+        assert_eq!(reopened.authenticate(&second).as_deref(), Some("acme"));
+        assert_eq!(reopened.authenticate("rwt_guess"), None);
+    }
+
+    #[test]
+    fn a_revoked_token_is_refused_at_once_and_after_a_reopen_and_the_others_stay() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let tenants = Tenants::open(dir.path()).expect("opens");
+        let first = tenants.create("acme").expect("created");
+        let second = tenants.issue("acme").expect("issued");
+        assert_eq!(tenants.authenticate(&first.token).as_deref(), Some("acme"));
+        let listed = tenants.tokens("acme").expect("listed");
+        assert_eq!(
+            listed.iter().map(|t| t.id.as_str()).collect::<Vec<_>>(),
+            [first.id.as_str(), second.id.as_str()]
+        );
+        assert!(listed[0].last_used_ms.is_some() && listed[1].last_used_ms.is_none());
+        assert!(listed[0].created_ms > 0);
+        let kept = Tenants::open(dir.path()).expect("reopens").tokens("acme");
+        assert_eq!(kept.expect("listed"), listed, "a use is kept");
+
+        tenants.revoke("acme", &first.id).expect("revoked");
+        assert_eq!(tenants.authenticate(&first.token), None);
+        assert!(matches!(
+            tenants.revoke("acme", &first.id),
+            Err(TenantError::NoToken { .. })
+        ));
+        let reopened = Tenants::open(dir.path()).expect("reopens");
+        assert_eq!(reopened.authenticate(&first.token), None);
+        assert_eq!(
+            reopened.authenticate(&second.token).as_deref(),
+            Some("acme")
+        );
+    }
+
+    #[test]
+    fn a_registry_written_before_tokens_had_ids_is_read_with_ids_made_from_the_hashes() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let token = "rwt_an-old-token";
+        let sha256 = hex::encode(hash(token));
+        std::fs::write(
+            dir.path().join("tenants.json"),
+            format!("{{\"tenants\": {{\"acme\": [\"{sha256}\"]}}}}"),
+        )
+        .expect("write");
+        let tenants = Tenants::open(dir.path()).expect("opens");
+        assert_eq!(tenants.authenticate(token).as_deref(), Some("acme"));
+        let id = format!("tok_{}", &sha256[..16]);
+        assert_eq!(tenants.tokens("acme").expect("listed")[0].id, id);
+        tenants.revoke("acme", &id).expect("revoked by that id");
+        assert_eq!(
+            Tenants::open(dir.path())
+                .expect("reopens")
+                .authenticate(token),
+            None
+        );
     }
 
     #[test]

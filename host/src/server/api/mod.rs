@@ -56,7 +56,8 @@ fn routes() -> (Router<Arc<ServerState>>, utoipa::openapi::OpenApi) {
     OpenApiRouter::with_openapi(ApiDoc::openapi())
         .routes(routes!(tenants::create_tenant))
         .routes(routes!(tenants::show_tenant))
-        .routes(routes!(tenants::issue_token))
+        .routes(routes!(tenants::issue_token, tenants::list_tokens))
+        .routes(routes!(tenants::revoke_token))
         .routes(routes!(components::list_components))
         // The size limit is the server's own (413 with a JSON body), not axum's.
         .routes((schemas, paths, upload.layer(DefaultBodyLimit::disable())))
@@ -263,7 +264,9 @@ impl From<TenantError> for ApiError {
         let (status, code) = match &error {
             TenantError::BadName(_) => (StatusCode::BAD_REQUEST, "bad-name"),
             TenantError::Exists(_) => (StatusCode::CONFLICT, "exists"),
-            TenantError::Missing(_) => (StatusCode::NOT_FOUND, "not-found"),
+            TenantError::Missing(_) | TenantError::NoToken { .. } => {
+                (StatusCode::NOT_FOUND, "not-found")
+            }
             TenantError::Unreadable { .. } | TenantError::Write { .. } => {
                 tracing::error!("tenant registry: {error}");
                 return Self::internal("the server could not record this; try again");
@@ -287,7 +290,7 @@ fn caller(state: &ServerState, headers: &HeaderMap) -> Result<Caller, ApiError> 
     }
     state
         .tenants
-        .tenant_of(token)
+        .authenticate(token)
         .map(Caller::Tenant)
         .ok_or_else(ApiError::unauthorized)
 }
@@ -303,16 +306,22 @@ fn reaches(caller: &Caller, tenant: &str) -> Result<(), ApiError> {
 
 /// Authenticates a request for a tenant's resources: the caller reaches `tenant` (403
 /// otherwise, before anything about it is looked up), and it exists (404, which only the
-/// admin and the tenant itself can see). Returns the tenant's runtime.
+/// admin and the tenant itself can see).
+fn reach_tenant(state: &ServerState, headers: &HeaderMap, tenant: &str) -> Result<(), ApiError> {
+    reaches(&caller(state, headers)?, tenant)?;
+    if !state.tenants.exists(tenant) {
+        return Err(ApiError::not_found(format!("no tenant {tenant}")));
+    }
+    Ok(())
+}
+
+/// [`reach_tenant`], then the tenant's runtime.
 async fn open_tenant(
     state: &ServerState,
     headers: &HeaderMap,
     tenant: &str,
 ) -> Result<Arc<TenantRuntime>, ApiError> {
-    reaches(&caller(state, headers)?, tenant)?;
-    if !state.tenants.exists(tenant) {
-        return Err(ApiError::not_found(format!("no tenant {tenant}")));
-    }
+    reach_tenant(state, headers, tenant)?;
     Ok(state.runtime(tenant).await?)
 }
 

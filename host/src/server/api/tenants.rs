@@ -9,10 +9,12 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::{
-    ApiError, Caller, ErrorBody, MAX_TENANT_BODY, TenantErrors, caller, open_tenant, read_body,
+    ApiError, Caller, ErrorBody, MAX_TENANT_BODY, TenantErrors, caller, open_tenant, reach_tenant,
+    read_body,
 };
 use crate::server::ServerState;
 use crate::server::quota::Quotas;
+use crate::server::tenants::{Issued, TokenInfo};
 
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -25,7 +27,41 @@ pub(super) struct NewTenant {
 #[derive(Debug, Serialize, ToSchema)]
 pub(super) struct IssuedToken {
     tenant: String,
+    /// Names the token, to list or revoke it; not a secret.
+    id: String,
     token: String,
+}
+
+impl IssuedToken {
+    fn new(tenant: String, issued: Issued) -> Self {
+        Self {
+            tenant,
+            id: issued.id,
+            token: issued.token,
+        }
+    }
+}
+
+/// A tenant's token as it is listed: never the token itself.
+#[derive(Debug, Serialize, ToSchema)]
+pub(super) struct TokenView {
+    id: String,
+    /// When it was issued, in milliseconds since the Unix epoch (0: issued before tokens
+    /// had ids).
+    created_ms: u64,
+    /// When it was last used, in milliseconds since the Unix epoch, to the minute; null
+    /// when never used.
+    last_used_ms: Option<u64>,
+}
+
+impl From<TokenInfo> for TokenView {
+    fn from(token: TokenInfo) -> Self {
+        Self {
+            id: token.id,
+            created_ms: token.created_ms,
+            last_used_ms: token.last_used_ms,
+        }
+    }
 }
 
 /// A tenant as it sees itself: its quotas and what it uses of them.
@@ -69,14 +105,11 @@ pub(super) async fn create_tenant(
     let body = read_body(body, MAX_TENANT_BODY, "a new tenant").await?;
     let request: NewTenant = serde_json::from_slice(&body)
         .map_err(|e| ApiError::bad_request(format!("expected {{\"name\": \"...\"}}: {e}")))?;
-    let token = state.tenants.create(&request.name)?;
+    let issued = state.tenants.create(&request.name)?;
     state.runtime(&request.name).await?;
     Ok((
         StatusCode::CREATED,
-        Json(IssuedToken {
-            tenant: request.name,
-            token,
-        }),
+        Json(IssuedToken::new(request.name, issued)),
     ))
 }
 
@@ -95,8 +128,44 @@ pub(super) async fn issue_token(
     headers: HeaderMap,
 ) -> Result<(StatusCode, Json<IssuedToken>), ApiError> {
     admin_only(&state, &headers)?;
-    let token = state.tenants.issue(&tenant)?;
-    Ok((StatusCode::CREATED, Json(IssuedToken { tenant, token })))
+    let issued = state.tenants.issue(&tenant)?;
+    Ok((StatusCode::CREATED, Json(IssuedToken::new(tenant, issued))))
+}
+
+/// A tenant's tokens: their ids, when each was issued and last used; never a token (the
+/// admin, or the tenant itself).
+#[utoipa::path(get, path = "/v1/tenants/{tenant}/tokens", tag = "tenants",
+    params(("tenant" = String, Path)),
+    responses(
+        (status = 200, description = "The tenant's tokens, oldest first", body = [TokenView]),
+        TenantErrors,
+    ))]
+pub(super) async fn list_tokens(
+    State(state): State<Arc<ServerState>>,
+    Path(tenant): Path<String>,
+    headers: HeaderMap,
+) -> Result<Json<Vec<TokenView>>, ApiError> {
+    reach_tenant(&state, &headers, &tenant)?;
+    let tokens = state.tenants.tokens(&tenant)?;
+    Ok(Json(tokens.into_iter().map(TokenView::from).collect()))
+}
+
+/// Revokes a tenant's token (the admin, or the tenant itself, with this token or another):
+/// from now on, and after a restart, it gets 401.
+#[utoipa::path(delete, path = "/v1/tenants/{tenant}/tokens/{id}", tag = "tenants",
+    params(("tenant" = String, Path), ("id" = String, Path, description = "The token's id")),
+    responses(
+        (status = 204, description = "Revoked"),
+        TenantErrors,
+    ))]
+pub(super) async fn revoke_token(
+    State(state): State<Arc<ServerState>>,
+    Path((tenant, id)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> Result<StatusCode, ApiError> {
+    reach_tenant(&state, &headers, &tenant)?;
+    state.tenants.revoke(&tenant, &id)?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 /// A tenant's quotas and usage.

@@ -288,6 +288,118 @@ async fn a_component_upload_is_checked_and_each_bad_one_is_named() {
 }
 
 #[tokio::test]
+async fn a_revoked_token_gets_401_at_once_and_after_a_restart_and_tokens_are_listed_without_secrets()
+ {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = Server::start(dir.path(), "").await;
+    let (base, client) = (server.base.clone(), server.client.clone());
+    let (status, created) = send(
+        client
+            .post(format!("{base}/v1/tenants"))
+            .json(&json!({ "name": "acme" })),
+        Some(ADMIN),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{created}");
+    let (first, first_id) = (
+        created["token"].as_str().expect("token").to_owned(),
+        created["id"].as_str().expect("id").to_owned(),
+    );
+    let (status, issued) = send(
+        client.post(format!("{base}/v1/tenants/acme/tokens")),
+        Some(ADMIN),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{issued}");
+    let second = issued["token"].as_str().expect("token").to_owned();
+    let globex = create(&client, &base, "globex").await;
+
+    // Listed by the tenant itself, or the admin: ids and times, never a token.
+    let tokens_url = format!("{base}/v1/tenants/acme/tokens");
+    for token in [first.as_str(), ADMIN] {
+        let (status, listed) = send(client.get(&tokens_url), Some(token)).await;
+        assert_eq!(status, StatusCode::OK, "{listed}");
+        let ids: Vec<_> = listed
+            .as_array()
+            .expect("a list")
+            .iter()
+            .map(|t| t["id"].as_str().expect("id"))
+            .collect();
+        assert_eq!(ids, [first_id.as_str(), issued["id"].as_str().expect("id")]);
+        assert!(listed[0]["last_used_ms"].is_u64(), "{listed}");
+        let text = listed.to_string();
+        assert!(
+            !text.contains(&first[4..]) && !text.contains(&second[4..]),
+            "{text}"
+        );
+    }
+    // Another tenant learns nothing: its token gets the same 403 for acme's tokens, whether
+    // the id exists or not, and for a tenant that does not exist.
+    let revoke_url = |tenant: &str, id: &str| format!("{base}/v1/tenants/{tenant}/tokens/{id}");
+    let mut answers = Vec::new();
+    for url in [
+        tokens_url.clone(),
+        revoke_url("acme", &first_id),
+        revoke_url("acme", "tok_0000000000000000"),
+        revoke_url("initech", &first_id),
+    ] {
+        let request = if url == tokens_url {
+            client.get(&url)
+        } else {
+            client.delete(&url)
+        };
+        answers.push(send(request, Some(&globex)).await);
+    }
+    assert!(
+        answers.iter().all(|a| a == &answers[0]) && answers[0].0 == StatusCode::FORBIDDEN,
+        "{answers:?}"
+    );
+
+    // The tenant revokes its first token with its second: refused at once.
+    let (status, body) = send(client.delete(revoke_url("acme", &first_id)), Some(&second)).await;
+    assert_eq!(status, StatusCode::NO_CONTENT, "{body}");
+    let (status, body) = send(client.get(format!("{base}/v1/tenants/acme")), Some(&first)).await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (StatusCode::UNAUTHORIZED, Some("unauthorized")),
+        "{body}"
+    );
+    let (status, body) = send(client.delete(revoke_url("acme", &first_id)), Some(&second)).await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (StatusCode::NOT_FOUND, Some("not-found")),
+        "{body}"
+    );
+    server.stop().await;
+
+    let server = Server::start(dir.path(), "").await;
+    let base = server.base.clone();
+    let (status, _) = send(client.get(format!("{base}/v1/tenants/acme")), Some(&first)).await;
+    assert_eq!(
+        status,
+        StatusCode::UNAUTHORIZED,
+        "revoked after a restart too"
+    );
+    let (status, listed) = send(
+        client.get(format!("{base}/v1/tenants/acme/tokens")),
+        Some(&second),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(listed.as_array().map(Vec::len), Some(1), "{listed}");
+    // A tenant may revoke the token it uses: the next request with it is refused.
+    let own = listed[0]["id"].as_str().expect("id").to_owned();
+    let (status, _) = send(
+        client.delete(format!("{base}/v1/tenants/acme/tokens/{own}")),
+        Some(&second),
+    )
+    .await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    let (status, _) = send(client.get(format!("{base}/v1/tenants/acme")), Some(&second)).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+}
+
+#[tokio::test]
 async fn the_state_directory_and_every_file_in_it_are_private_to_the_user() {
     use std::os::unix::fs::PermissionsExt as _;
     let dir = tempfile::tempdir().expect("tempdir");

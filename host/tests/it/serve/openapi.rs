@@ -17,6 +17,14 @@ async fn every_route_in_the_openapi_document_answers_as_it_documents() {
         .await;
     assert_eq!(status, StatusCode::ACCEPTED);
     server.wait_outputs("acme", &acme, 1).await;
+    // A token to revoke.
+    let (status, spare) = super::send(
+        server.client.post(server.url("/v1/tenants/acme/tokens")),
+        Some(ADMIN),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{spare}");
+    let spare = spare["id"].as_str().expect("an id").to_owned();
 
     let response = server
         .client
@@ -38,7 +46,8 @@ async fn every_route_in_the_openapi_document_answers_as_it_documents() {
             .replace("{tenant}", "acme")
             .replace("{name}", "worker")
             .replace("{agent}", "bot")
-            .replace("{key}", "k");
+            .replace("{key}", "k")
+            .replace("{id}", &spare);
         for (method, operation) in item.as_object().expect("a path item") {
             let Ok(method) = method.to_uppercase().parse::<Method>() else {
                 continue;
@@ -81,5 +90,5 @@ async fn every_route_in_the_openapi_document_answers_as_it_documents() {
             exercised += 1;
         }
     }
-    assert_eq!(exercised, 12, "every route of the API is in the document");
+    assert_eq!(exercised, 14, "every route of the API is in the document");
 }
