@@ -35,7 +35,7 @@ pub async fn serve(args: ServeArgs, sandbox: Sandbox) -> anyhow::Result<ExitCode
         .await
         .with_context(|| format!("listening on {listen}"))?;
     let address = listener.local_addr()?;
-    eprintln!("rewind serve: listening on http://{address}");
+    eprintln!("rewind serve: listening on {}://{address}", state.scheme());
     rewind_host::server::serve(listener, state, super::shutdown_signal())
         .await
         .context("serving")?;

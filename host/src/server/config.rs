@@ -38,6 +38,14 @@ pub struct ServerConfig {
     /// next start), in milliseconds. Default 10,000.
     #[serde(default = "default_shutdown_grace_ms")]
     pub shutdown_grace_ms: u64,
+    /// Serve over TLS. Required to listen on an address other than loopback, unless
+    /// `allow-plaintext`.
+    #[serde(default)]
+    pub tls: Option<TlsConfig>,
+    /// Serve plain HTTP on an address other machines reach: only behind a proxy that
+    /// terminates TLS. Default false.
+    #[serde(default)]
+    pub allow_plaintext: bool,
     pub admin_token: AdminToken,
     /// Every tenant's quotas ([`Quotas`], as written), unless its own section overrides
     /// them.
@@ -47,6 +55,15 @@ pub struct ServerConfig {
     /// default quotas, no hosts and no secrets.
     #[serde(default)]
     pub tenants: BTreeMap<String, TenantConfig>,
+}
+
+/// `[tls]`: the certificate chain and its private key, PEM files, relative to the config
+/// file.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct TlsConfig {
+    pub cert: PathBuf,
+    pub key: PathBuf,
 }
 
 /// `[tenants.NAME]`.
@@ -163,10 +180,22 @@ impl ServerConfig {
         if let Some(file) = &mut config.admin_token.file {
             *file = base.join(&*file);
         }
+        if let Some(tls) = &mut config.tls {
+            tls.cert = base.join(&tls.cert);
+            tls.key = base.join(&tls.key);
+        }
         let invalid = |message: String| ConfigError::Invalid {
             path: path.display().to_string(),
             message,
         };
+        if !config.listen.ip().is_loopback() && config.tls.is_none() && !config.allow_plaintext {
+            return Err(invalid(format!(
+                "listen = \"{}\" is reachable from other machines, and tokens would cross the \
+                 network in plain text: set [tls] cert and key (PEM files), or \
+                 allow-plaintext = true when a proxy in front terminates TLS",
+                config.listen
+            )));
+        }
         quotas_of(&config.quotas, &toml::Table::new())
             .map_err(|e| invalid(format!("[quotas]: {e}")))?;
         for (tenant, section) in &mut config.tenants {

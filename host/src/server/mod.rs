@@ -16,6 +16,7 @@ mod journal;
 mod quota;
 mod runtime;
 mod tenants;
+mod tls;
 
 use std::collections::HashMap;
 use std::future::{Future, IntoFuture as _};
@@ -29,10 +30,12 @@ use crate::sandbox::Sandbox;
 use crate::state_dir::{StateDir, StateDirError};
 
 pub use api::{openapi, router};
+pub use config::TlsConfig;
 pub use config::{AdminToken, ConfigError, SecretSource, ServerConfig, TenantConfig, TenantPolicy};
 pub use quota::{QuotaExceeded, Quotas};
 pub use runtime::{Lifecycle, OpenError, TenantRuntime};
 pub use tenants::{TenantError, Tenants};
+pub use tls::TlsError;
 
 /// Why the server could not start.
 #[derive(Debug, thiserror::Error)]
@@ -47,6 +50,8 @@ pub enum StartError {
     Threads(#[from] std::io::Error),
     #[error("the state directory: {0}")]
     StateDir(#[from] StateDirError),
+    #[error(transparent)]
+    Tls(#[from] TlsError),
 }
 
 /// The niceness of the threads guests run on (the server's own keep 0).
@@ -107,6 +112,8 @@ pub struct ServerState {
     host_runs: Arc<Semaphore>,
     compute: Compute,
     lifecycle: Arc<Lifecycle>,
+    /// Completes TLS handshakes, when `[tls]` is set.
+    tls: Option<Arc<rustls::ServerConfig>>,
     /// Held for as long as the server runs: one process writes a state directory.
     _state_dir: StateDir,
 }
@@ -124,6 +131,11 @@ impl ServerState {
         for tenant in config.tenants.keys() {
             config.tenant_policy(config_path, tenant)?;
         }
+        let tls = config
+            .tls
+            .as_ref()
+            .map(|tls| tls::server_config(&tls.cert, &tls.key))
+            .transpose()?;
         // First: a second server on this directory is refused before it reads anything.
         let state_dir = StateDir::open(&config.state_dir)?;
         let tenants = Tenants::open(&config.state_dir)?;
@@ -141,6 +153,7 @@ impl ServerState {
             config_path: config_path.to_owned(),
             runtimes: tokio::sync::Mutex::new(HashMap::new()),
             lifecycle: Arc::new(Lifecycle::default()),
+            tls,
         });
         for tenant in state.tenants.names() {
             state.runtime(&tenant).await?;
@@ -169,6 +182,11 @@ impl ServerState {
         Ok(runtime)
     }
 
+    /// `https` with `[tls]`, else `http`.
+    pub fn scheme(&self) -> &'static str {
+        if self.tls.is_some() { "https" } else { "http" }
+    }
+
     /// Where a tenant's files are kept.
     fn tenant_dir(&self, tenant: &str) -> PathBuf {
         self.config.state_dir.join("tenants").join(tenant)
@@ -183,13 +201,29 @@ impl ServerState {
     }
 }
 
-/// Serves the API on `listener` until `shutdown` completes; then stops accepting, lets the
-/// requests in flight finish, and waits for the inputs running (see [`ServerState::stop`]).
+/// Serves the API on `listener` (over TLS with `[tls]`) until `shutdown` completes; then
+/// stops accepting, lets the requests in flight finish, and waits for the inputs running
+/// (see [`ServerState::stop`]).
 pub async fn serve(
     listener: tokio::net::TcpListener,
     state: Arc<ServerState>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    match state.tls.clone() {
+        Some(config) => serve_on(tls::TlsListener::new(listener, config)?, state, shutdown).await,
+        None => serve_on(listener, state, shutdown).await,
+    }
+}
+
+async fn serve_on<L>(
+    listener: L,
+    state: Arc<ServerState>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()>
+where
+    L: axum::serve::Listener,
+    L::Addr: std::fmt::Debug,
+{
     let lifecycle = Arc::clone(&state.lifecycle);
     let (stopping, stopped) = tokio::sync::oneshot::channel::<()>();
     let shutdown = async move {

@@ -280,3 +280,72 @@ pub fn first_output(report: &rewind_host::agent::InputReport) -> serde_json::Val
         .unwrap_or_else(|| panic!("no output: {report:?}"));
     serde_json::from_str(&output.payload).expect("output is JSON")
 }
+
+/// A certificate authority made for a test, and the certificates it signs, as PEM files in
+/// a directory.
+pub struct TestCa {
+    dir: PathBuf,
+    ca: rcgen::Certificate,
+    key: rcgen::KeyPair,
+    /// The authority's certificate, for clients and servers to trust.
+    pub ca_pem: PathBuf,
+}
+
+impl TestCa {
+    pub fn new(dir: &Path) -> Self {
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "Rewind test CA");
+        params.key_usages = vec![
+            rcgen::KeyUsagePurpose::KeyCertSign,
+            rcgen::KeyUsagePurpose::CrlSign,
+        ];
+        let key = rcgen::KeyPair::generate().expect("key");
+        let ca = params.self_signed(&key).expect("self-signed");
+        let ca_pem = dir.join("ca.pem");
+        std::fs::write(&ca_pem, ca.pem()).expect("write the CA");
+        Self {
+            dir: dir.to_owned(),
+            ca,
+            key,
+            ca_pem,
+        }
+    }
+
+    /// A certificate for `localhost` and 127.0.0.1, good for a server and a client: the
+    /// paths of its PEM chain and its key, `NAME.pem` and `NAME.key`.
+    pub fn issue(&self, name: &str) -> (PathBuf, PathBuf) {
+        let mut params =
+            rcgen::CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()])
+                .expect("params");
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, name);
+        params.extended_key_usages = vec![
+            rcgen::ExtendedKeyUsagePurpose::ServerAuth,
+            rcgen::ExtendedKeyUsagePurpose::ClientAuth,
+        ];
+        let key = rcgen::KeyPair::generate().expect("key");
+        let cert = params.signed_by(&key, &self.ca, &self.key).expect("signed");
+        let (cert_path, key_path) = (
+            self.dir.join(format!("{name}.pem")),
+            self.dir.join(format!("{name}.key")),
+        );
+        std::fs::write(&cert_path, cert.pem()).expect("write the certificate");
+        std::fs::write(&key_path, key.serialize_pem()).expect("write the key");
+        (cert_path, key_path)
+    }
+
+    /// A client that trusts this authority only.
+    pub fn client(&self) -> reqwest::Client {
+        let pem = std::fs::read(&self.ca_pem).expect("the CA");
+        reqwest::Client::builder()
+            .tls_built_in_root_certs(false)
+            .add_root_certificate(reqwest::Certificate::from_pem(&pem).expect("a certificate"))
+            .https_only(true)
+            .build()
+            .expect("client")
+    }
+}

@@ -9,6 +9,7 @@ mod load;
 mod openapi;
 mod quotas;
 mod restart;
+mod tls;
 mod uploads;
 mod wedge;
 mod writers;
@@ -50,6 +51,7 @@ impl Server {
         let state = ServerState::start(config, &path, ADMIN, sandbox())
             .await
             .expect("the server starts");
+        let scheme = state.scheme();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind");
@@ -62,7 +64,7 @@ impl Server {
             }
         }));
         Self {
-            base: format!("http://{addr}"),
+            base: format!("{scheme}://{addr}"),
             client: reqwest::Client::new(),
             shutdown,
             serving,
