@@ -13,7 +13,7 @@ use clap::{Args, Subcommand};
 use rewind_host::agent::AgentFile;
 use rewind_host::agent::input::parse_line;
 use rewind_host::cluster::{self, HostOptions, Layout};
-use rewind_host::log::{JetStreamLog, connect_nats};
+use rewind_host::log::{JetStreamLog, NatsAuth, NatsConnect, NatsTls};
 use rewind_host::sandbox::Sandbox;
 
 #[derive(Debug, Args)]
@@ -26,8 +26,10 @@ pub struct ClusterArgs {
 #[derive(Debug, Args)]
 struct Where {
     /// NATS URLs, comma-separated.
-    #[arg(long, default_value = "nats://127.0.0.1:4222")]
+    #[arg(long, env = "REWIND_NATS_URL", default_value = "nats://127.0.0.1:4222")]
     nats: String,
+    #[command(flatten)]
+    auth: NatsArgs,
     /// The first token of the cluster's streams, subjects and buckets.
     #[arg(long, default_value = "rewind")]
     prefix: String,
@@ -95,7 +97,7 @@ pub async fn cluster(
         } => {
             let file = AgentFile::load(&agent)?;
             let options = HostOptions {
-                nats: at.nats,
+                nats: at.connect()?,
                 layout: Layout {
                     prefix: at.prefix,
                     partitions,
@@ -110,7 +112,8 @@ pub async fn cluster(
             };
             eprintln!(
                 "rewind cluster: host {} joining {}",
-                options.host, options.nats
+                options.host,
+                options.nats.shown()
             );
             cluster::run_host(
                 options,
@@ -127,8 +130,98 @@ pub async fn cluster(
     }
 }
 
+/// Credentials and TLS for NATS. Secrets come from the environment only (a command line is
+/// visible to every user of the machine) and are never printed.
+#[derive(Debug, Args)]
+struct NatsArgs {
+    /// The NATS user; its password is read from $REWIND_NATS_PASSWORD.
+    #[arg(long, env = "REWIND_NATS_USER")]
+    nats_user: Option<String>,
+    /// A file holding a user NKey seed (SU…).
+    #[arg(long, env = "REWIND_NATS_NKEY_FILE")]
+    nats_nkey_file: Option<PathBuf>,
+    /// A .creds file (a user JWT and its NKey seed).
+    #[arg(long, env = "REWIND_NATS_CREDS")]
+    nats_creds: Option<PathBuf>,
+    /// PEM certificates of the authorities to trust for the servers' certificates.
+    #[arg(long, env = "REWIND_NATS_CA")]
+    nats_ca: Option<PathBuf>,
+    /// This client's PEM certificate chain, for servers that verify clients (with
+    /// --nats-key).
+    #[arg(long, env = "REWIND_NATS_CERT", requires = "nats_key")]
+    nats_cert: Option<PathBuf>,
+    /// The private key of --nats-cert, PEM.
+    #[arg(long, env = "REWIND_NATS_KEY", requires = "nats_cert")]
+    nats_key: Option<PathBuf>,
+    /// Refuse to talk to a server without TLS (implied by --nats-ca and --nats-cert).
+    #[arg(long)]
+    nats_tls: bool,
+}
+
+/// The token, read from the environment only.
+const TOKEN_ENV: &str = "REWIND_NATS_TOKEN";
+/// The password of --nats-user, read from the environment only.
+const PASSWORD_ENV: &str = "REWIND_NATS_PASSWORD";
+
+impl Where {
+    /// How to reach NATS; an error names what does not fit together (never a secret).
+    fn connect(&self) -> anyhow::Result<NatsConnect> {
+        let args = &self.auth;
+        let secret = |name: &str| -> anyhow::Result<Option<String>> {
+            match std::env::var(name) {
+                Ok(value) if !value.is_empty() => Ok(Some(value)),
+                Ok(_) | Err(std::env::VarError::NotPresent) => Ok(None),
+                Err(std::env::VarError::NotUnicode(_)) => {
+                    anyhow::bail!("{name} is not UTF-8")
+                }
+            }
+        };
+        let mut kinds = Vec::new();
+        let mut auth = NatsAuth::None;
+        if let Some(user) = &args.nats_user {
+            let Some(password) = secret(PASSWORD_ENV)? else {
+                anyhow::bail!("--nats-user {user} needs its password in ${PASSWORD_ENV}");
+            };
+            kinds.push("--nats-user");
+            auth = NatsAuth::UserPassword {
+                user: user.clone(),
+                password,
+            };
+        }
+        if let Some(token) = secret(TOKEN_ENV)? {
+            kinds.push(TOKEN_ENV);
+            auth = NatsAuth::Token(token);
+        }
+        if let Some(path) = &args.nats_nkey_file {
+            let seed = std::fs::read_to_string(path)
+                .map_err(|e| anyhow::anyhow!("--nats-nkey-file {}: {e}", path.display()))?;
+            kinds.push("--nats-nkey-file");
+            auth = NatsAuth::NKey(seed.trim().to_owned());
+        }
+        if let Some(path) = &args.nats_creds {
+            kinds.push("--nats-creds");
+            auth = NatsAuth::CredsFile(path.clone());
+        }
+        if kinds.len() > 1 {
+            anyhow::bail!(
+                "NATS takes one kind of credentials, and {} are given",
+                kinds.join(" and ")
+            );
+        }
+        Ok(NatsConnect {
+            urls: self.nats.clone(),
+            auth,
+            tls: NatsTls {
+                ca: args.nats_ca.clone(),
+                client: args.nats_cert.clone().zip(args.nats_key.clone()),
+                require: args.nats_tls,
+            },
+        })
+    }
+}
+
 async fn publish(agent: &str, at: &Where, input: &PathBuf) -> anyhow::Result<ExitCode> {
-    let context = async_nats::jetstream::new(connect_nats(&at.nats).await?);
+    let context = async_nats::jetstream::new(at.connect()?.connect().await?);
     let layout = Layout::load(&context, &at.prefix).await?;
     layout.check_runs(&context, &at.tenant, agent).await?;
     let reader = BufReader::new(
@@ -189,7 +282,7 @@ async fn publish(agent: &str, at: &Where, input: &PathBuf) -> anyhow::Result<Exi
 }
 
 async fn outputs(at: &Where) -> anyhow::Result<ExitCode> {
-    let context = async_nats::jetstream::new(connect_nats(&at.nats).await?);
+    let context = async_nats::jetstream::new(at.connect()?.connect().await?);
     let layout = Layout::load(&context, &at.prefix).await?;
     let streams = (0..layout.partitions)
         .map(|p| layout.output_stream(p))

@@ -251,8 +251,8 @@ struct Recorded {
 /// How one host joins.
 #[derive(Clone, Debug)]
 pub struct HostOptions {
-    /// NATS URLs, comma-separated.
-    pub nats: String,
+    /// Where NATS is, and how to authenticate to it.
+    pub nats: crate::log::NatsConnect,
     pub layout: Layout,
     /// This host's name, unique among the hosts.
     pub host: String,
@@ -301,7 +301,7 @@ pub async fn run_host(
     crate::agent::Agent::builder(file.clone(), Arc::clone(&sandbox))
         .tenant(options.tenant.clone())
         .build()?;
-    let client = crate::log::connect_nats(&options.nats).await?;
+    let client = options.nats.connect().await?;
     let mut context = jetstream::new(client);
     // Requests to a stream whose server just died wait this long for nothing; every
     // request here is retried, so a short wait moves on sooner.

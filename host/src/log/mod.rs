@@ -13,8 +13,8 @@ use async_trait::async_trait;
 
 pub use file::{FileLog, FileLogOptions, OpenReport, Recovery, Truncation};
 pub use jetstream::{
-    Authority, CONSUMER_WITHIN, IN_FLIGHT, JetStreamLog, PER_MESSAGE, RETRY_FOR, StreamSpec,
-    connect as connect_nats,
+    Authority, CONSUMER_WITHIN, IN_FLIGHT, JetStreamLog, NatsAuth, NatsConnect, NatsTls,
+    PER_MESSAGE, RETRY_FOR, StreamSpec, connect as connect_nats,
 };
 pub use memory::MemoryLog;
 

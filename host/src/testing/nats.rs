@@ -78,24 +78,30 @@ const START_ATTEMPTS: usize = 3;
 impl NatsServers {
     /// One node with JetStream.
     pub fn single() -> anyhow::Result<Self> {
-        Self::start_nodes(1, MAX_PAYLOAD)
+        Self::start_nodes(1, MAX_PAYLOAD, "")
+    }
+
+    /// One node with JetStream and `more` lines in its config (a `tls` block, an
+    /// `authorization` block).
+    pub fn single_with_config(more: &str) -> anyhow::Result<Self> {
+        Self::start_nodes(1, MAX_PAYLOAD, more)
     }
 
     /// One node with JetStream whose largest message is `max_payload` bytes (the NATS
     /// default is 1 MiB).
     pub fn single_with_max_payload(max_payload: u64) -> anyhow::Result<Self> {
-        Self::start_nodes(1, max_payload)
+        Self::start_nodes(1, max_payload, "")
     }
 
     /// A cluster of `nodes` nodes with JetStream (3 for streams of 3 replicas).
     pub fn cluster(nodes: usize) -> anyhow::Result<Self> {
-        Self::start_nodes(nodes, MAX_PAYLOAD)
+        Self::start_nodes(nodes, MAX_PAYLOAD, "")
     }
 
-    fn start_nodes(count: usize, max_payload: u64) -> anyhow::Result<Self> {
+    fn start_nodes(count: usize, max_payload: u64, more: &str) -> anyhow::Result<Self> {
         let mut attempt = 1;
         loop {
-            match Self::try_start_nodes(count, max_payload) {
+            match Self::try_start_nodes(count, max_payload, more) {
                 Ok(servers) => return Ok(servers),
                 Err(e) if attempt < START_ATTEMPTS => {
                     tracing::warn!("starting nats-server (attempt {attempt}): {e:#}");
@@ -106,7 +112,7 @@ impl NatsServers {
         }
     }
 
-    fn try_start_nodes(count: usize, max_payload: u64) -> anyhow::Result<Self> {
+    fn try_start_nodes(count: usize, max_payload: u64, more: &str) -> anyhow::Result<Self> {
         let dir = tempfile::tempdir().context("a directory for the NATS servers")?;
         let ports: Vec<(u16, u16, u16)> = free_ports(3 * count)?
             .chunks(3)
@@ -118,7 +124,7 @@ impl NatsServers {
             let store = dir.path().join(&name);
             let mut config = format!(
                 "server_name: {name}\nlisten: 127.0.0.1:{port}\nhttp: 127.0.0.1:{monitor_port}\n\
-                 max_payload: {max_payload}\njetstream {{ store_dir: {store:?} }}\n"
+                 max_payload: {max_payload}\njetstream {{ store_dir: {store:?} }}\n{more}\n"
             );
             if count > 1 {
                 let routes: Vec<String> = ports

@@ -50,8 +50,11 @@ use futures_util::StreamExt;
 
 use super::{Log, LogError, Offset, Record};
 
+mod connect;
 mod streams;
 mod writer;
+
+pub use connect::{NatsAuth, NatsConnect, NatsTls};
 
 pub(crate) use streams::ensure_stream;
 
@@ -339,17 +342,10 @@ fn max_record(context: &jetstream::Context, spec: &StreamSpec) -> usize {
     }
 }
 
-/// Connects to NATS at `urls` (one URL, or several separated by commas: the nodes of a
-/// cluster; the client also learns the others from the one it reaches). Fails at once,
-/// with the cause, when none of them answers; once connected, the client reconnects by
-/// itself.
+/// Connects to NATS at `urls` with no credentials and no TLS options: see
+/// [`NatsConnect::connect`].
 pub async fn connect(urls: &str) -> Result<async_nats::Client, LogError> {
-    let addresses: Vec<&str> = urls.split(',').map(str::trim).collect();
-    async_nats::ConnectOptions::new()
-        .connection_timeout(Duration::from_secs(5))
-        .connect(addresses)
-        .await
-        .map_err(|e| io(format!("cannot connect to NATS at {urls}"), e))
+    NatsConnect::new(urls).connect().await
 }
 
 impl JetStreamLog {

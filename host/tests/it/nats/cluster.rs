@@ -56,6 +56,18 @@ impl Host {
         partitions: u32,
         more: &[&str],
     ) -> Self {
+        Self::start_in_env(dir, url, name, partitions, more, &[])
+    }
+
+    /// [`start_in`](Self::start_in), with `env` set for the process.
+    pub(super) fn start_in_env(
+        dir: &Path,
+        url: &str,
+        name: &str,
+        partitions: u32,
+        more: &[&str],
+        env: &[(&str, &str)],
+    ) -> Self {
         let log = dir.join(format!("{name}.log"));
         let child = Command::new(env!("CARGO_BIN_EXE_rewind"))
             .arg("--cache-dir")
@@ -65,6 +77,7 @@ impl Host {
             .args(["--nats", url, "--prefix", "t", "--host", name])
             .args(["--partitions", &partitions.to_string()])
             .args(more)
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).expect("host log"))
             .spawn()

@@ -165,6 +165,7 @@ mod group_commit;
 mod leases;
 mod many_keys;
 mod publish;
+mod secure;
 mod startup;
 
 /// The fencing tests on streams of one record per message, and on streams with group
