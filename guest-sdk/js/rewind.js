@@ -210,9 +210,27 @@ export class Context {
  *
  * Returning completes the run: the events it sent and the memory it set are applied.
  * Throwing fails it: its sends and memory writes are dropped and the error's text is
- * reported by the host (a RewindError's message as is, any other error with its name).
+ * reported by the host (a RewindError's message as is, any other error with its name and
+ * its stack, at most 16 frames).
  * Durable calls it made stay recorded.
  */
+/** Stack frames of an error kept in the run's error, innermost first. */
+const STACK_FRAMES = 16;
+
+/** An error with its stack: `Name: message` and the innermost frames (file and line). */
+function described(error) {
+  const head = `${error.name}: ${error.message}`;
+  const frames = String(error.stack ?? '')
+    .split('\n')
+    .map((line) => line.trim())
+    .filter((line) => line !== '' && line !== head && !line.startsWith(`${error.name}:`));
+  const kept = frames.slice(0, STACK_FRAMES).map((frame) => `  ${frame.startsWith('at ') ? frame : `at ${frame}`}`);
+  if (frames.length > STACK_FRAMES) {
+    kept.push(`  ... ${frames.length - STACK_FRAMES} frames more`);
+  }
+  return [head, ...kept].join('\n');
+}
+
 export function action(handler) {
   if (typeof handler !== 'function') {
     throw new TypeError('action() takes a function (ctx, event) => void');
@@ -226,7 +244,7 @@ export function action(handler) {
         error instanceof RewindError
           ? error.message
           : error instanceof Error
-            ? `${error.name}: ${error.message}`
+            ? described(error)
             : `thrown: ${String(error)}`;
       throw { payload: message };
     }

@@ -25,6 +25,7 @@ Build it with ``scripts/guests.sh`` (componentize-py, world ``action`` of ``wit/
 """
 
 import json
+import traceback
 from typing import Any, Optional
 
 import wit_world
@@ -204,11 +205,27 @@ class Action:
     Returning from ``run`` completes the run: the events it sent and the memory it set are
     applied. Raising fails it: its sends and memory writes are dropped and the exception's
     text is reported by the host (``Error``'s message as is, any other exception with its
-    type's name). Durable calls it made stay recorded.
+    type's name and its traceback, at most 16 frames). Durable calls it made stay recorded.
     """
 
     def run(self, ctx: Context, event: Event) -> None:
         raise NotImplementedError
+
+
+_TRACEBACK_FRAMES = 16
+
+
+def _described(error: BaseException) -> str:
+    """The exception and its traceback, innermost frame last, as Python prints them: the
+    frames below the SDK's own, at most ``_TRACEBACK_FRAMES`` of them (the innermost)."""
+    frames = traceback.extract_tb(error.__traceback__)[1:]
+    lines = ["Traceback (most recent call last):"]
+    if len(frames) > _TRACEBACK_FRAMES:
+        lines.append(f"  ... {len(frames) - _TRACEBACK_FRAMES} frames more")
+        frames = frames[-_TRACEBACK_FRAMES:]
+    lines.extend(f'  File "{f.filename}", line {f.lineno}, in {f.name}' for f in frames)
+    lines.append(f"{type(error).__name__}: {error}")
+    return "\n".join(lines)
 
 
 def export(action: type) -> type:
@@ -223,7 +240,7 @@ def export(action: type) -> type:
             except Error as error:
                 raise Err(str(error)) from None
             except Exception as error:  # noqa: BLE001 - every failure is the run's
-                raise Err(f"{type(error).__name__}: {error}") from None
+                raise Err(_described(error)) from None
 
     Exported.__name__ = f"WitWorld[{action.__name__}]"
     return Exported

@@ -59,6 +59,9 @@ pub enum RunError {
     Failed(String),
     #[error("limit exceeded: {0}")]
     Limit(Limit),
+    /// The action panicked: the message and where, as its SDK's panic hook said.
+    #[error("the action {0}")]
+    Panicked(String),
     #[error("the action trapped: {0}")]
     Trap(String),
     /// The action asked the host for something it does not do (an event whose payload is
@@ -241,7 +244,45 @@ fn classify(
     if instantiating {
         return RunError::Instantiate(text::outside_error(&format!("{error:#}")));
     }
-    RunError::Trap(text::outside_error(&format!("{error:?}")))
+    RunError::Trap(text::outside_error(&described_trap(error)))
+}
+
+/// Frames of a trap's backtrace kept in its error, innermost first.
+const TRAP_FRAMES: usize = 12;
+
+/// What a trap was (stack overflow, out-of-bounds memory access, `unreachable`: an abort)
+/// and where: the innermost [`TRAP_FRAMES`] frames of its wasm backtrace, demangled.
+fn described_trap(error: &wasmtime::Error) -> String {
+    let mut described = match error.downcast_ref::<Trap>() {
+        Some(Trap::StackOverflow) => "stack overflow: the call stack is exhausted".to_owned(),
+        Some(Trap::MemoryOutOfBounds) => "out-of-bounds memory access".to_owned(),
+        Some(Trap::UnreachableCodeReached) => {
+            "`unreachable` executed: the action aborted (a Rust panic without the SDK's hook \
+             says its message on stderr)"
+                .to_owned()
+        }
+        Some(trap) => trap.to_string(),
+        None => error.root_cause().to_string(),
+    };
+    let Some(backtrace) = error.downcast_ref::<wasmtime::WasmBacktrace>() else {
+        return described;
+    };
+    let frames = backtrace.frames();
+    for frame in frames.iter().take(TRAP_FRAMES) {
+        let name = frame.func_name().map_or_else(
+            || format!("function {}", frame.func_index()),
+            |name| format!("{:#}", rustc_demangle::demangle(name)),
+        );
+        described.push_str("\n  at ");
+        described.extend(name.chars().take(200));
+    }
+    if frames.len() > TRAP_FRAMES {
+        described.push_str(&format!(
+            "\n  ... {} more frames",
+            frames.len() - TRAP_FRAMES
+        ));
+    }
+    described
 }
 
 /// The run's stdout and stderr, line by line, escaped; and one warning when the run wrote

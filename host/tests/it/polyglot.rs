@@ -13,6 +13,7 @@ in_every_language!(
     a_failure_raised_in_the_action_fails_the_run_with_its_text_and_keeps_its_calls,
     an_error_of_the_action_itself_is_reported_with_what_it_names,
     a_failed_call_reaches_the_action_as_a_call_failure,
+    a_panic_or_an_exception_fails_the_run_saying_what_and_where,
 );
 
 async fn a_failure_raised_in_the_action_fails_the_run_with_its_text_and_keeps_its_calls(
@@ -51,6 +52,35 @@ async fn an_error_of_the_action_itself_is_reported_with_what_it_names(caller: &s
         .await;
     let error = report.error.expect("the run fails").to_string();
     assert!(error.contains("colour"), "{error}");
+}
+
+/// Rust panics, Python raises `ValueError` and JavaScript throws `RangeError`, each in a
+/// function `raise` of the action's file: the error names the failure, its message, and
+/// where (the panic's place, or the trace's frames with file and line).
+async fn a_panic_or_an_exception_fails_the_run_saying_what_and_where(caller: &str) {
+    let agent = agent_with(&agent_toml(caller, "", ""), memory_store(), &[]);
+    let report = agent
+        .process(&input("k", 1, json!({ "raise": "no route to T-9" })))
+        .await;
+    let error = report.error.expect("the run fails").to_string();
+    let expected: &[&str] = match caller {
+        "caller" => &["panicked at", "src/lib.rs:", "no route to T-9"],
+        "caller_py" => &[
+            "Traceback (most recent call last)",
+            "action.py",
+            "line ",
+            "in _raise",
+            "ValueError: no route to T-9",
+        ],
+        _ => &["RangeError: no route to T-9", "raise@", "action.js:"],
+    };
+    for part in expected {
+        assert!(error.contains(part), "`{part}` is not in: {error}");
+    }
+    assert!(
+        !error.contains("unreachable") && error.len() < 4096,
+        "{error}"
+    );
 }
 
 async fn a_failed_call_reaches_the_action_as_a_call_failure(caller: &str) {

@@ -125,10 +125,35 @@ async fn a_guest_cannot_open_sockets() {
 }
 
 #[tokio::test]
-async fn a_guest_trap_fails_the_run_with_the_trap() {
+async fn a_guest_that_panics_fails_the_run_with_the_panic_message_and_where() {
     let report = hostile("trap", "").await;
     let error = error_of(&report);
-    assert!(error.contains("trapped"), "{error}");
+    assert!(
+        error.contains("the action panicked at tests/guests/hostile/src/lib.rs:")
+            && error.ends_with(": boom"),
+        "{error}"
+    );
+}
+
+#[tokio::test]
+async fn a_trap_is_named_with_the_innermost_frames_of_its_backtrace() {
+    for (mode, named, frame) in [
+        ("stack-overflow", "stack overflow", "guest_hostile::deep"),
+        (
+            "out-of-bounds",
+            "out-of-bounds memory access",
+            "guest_hostile::past_the_end",
+        ),
+    ] {
+        let report = hostile(mode, "").await;
+        let error = error_of(&report);
+        assert!(
+            error.contains(&format!("the action trapped: {named}")) && error.contains(frame),
+            "{mode}: {error}"
+        );
+        // The backtrace is bounded: a stack overflow has thousands of frames.
+        assert!(error.len() < 4096, "{mode}: {} bytes", error.len());
+    }
 }
 
 #[test]

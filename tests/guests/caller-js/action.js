@@ -11,10 +11,15 @@ const FIELDS = new Set([
   'memory_set',
   'memory_get',
   'fail',
+  'raise',
   'output',
   'ambient',
   'stamp_calls',
 ]);
+
+function raise(message) {
+  throw new RangeError(message);
+}
 
 function outcome(ctx, fn, args) {
   let text;
@@ -63,6 +68,9 @@ export const run = action((ctx, event) => {
 
   if (script.fail !== undefined && script.fail !== null) {
     throw new RewindError(script.fail);
+  }
+  if (script.raise !== undefined && script.raise !== null) {
+    raise(script.raise);
   }
   if (script.output !== false) {
     const output = {

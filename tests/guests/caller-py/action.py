@@ -13,7 +13,21 @@ import time
 
 import rewind
 
-_FIELDS = {"calls", "send", "memory_set", "memory_get", "fail", "output", "ambient", "stamp_calls"}
+_FIELDS = {
+    "calls",
+    "send",
+    "memory_set",
+    "memory_get",
+    "fail",
+    "raise",
+    "output",
+    "ambient",
+    "stamp_calls",
+}
+
+
+def _raise(message: str) -> None:
+    raise ValueError(message)
 
 
 def _outcome(ctx: rewind.Context, function: str, args: dict) -> dict:
@@ -54,6 +68,8 @@ class Caller(rewind.Action):
 
         if script.get("fail") is not None:
             raise rewind.Error(script["fail"])
+        if script.get("raise") is not None:
+            _raise(script["raise"])
         if script.get("output") is not False:
             output = {
                 "kind": event.kind,

@@ -10,6 +10,7 @@
 //!   "memory_get": ["name"],
 //!   "send": [{ "kind": "k", "payload": {} }],
 //!   "fail": "message",
+//!   "raise": "message",
 //!   "output": true,
 //!   "ambient": true,
 //!   "stamp_calls": true
@@ -34,6 +35,10 @@
 //! result that is not JSON is reported as `{"not-json": "<text>"}`. Events of any kind are
 //! handled the same way, so a test can script a chain of actions.
 //!
+//! `raise` fails as the language's own failure does, after the sends: Rust panics with the
+//! message, the Python twin raises `ValueError`, the JavaScript twin throws `RangeError`
+//! (each from a function of its own, so that the failure's trace has a frame of this file).
+//!
 //! `stamp_calls` adds the wall-clock time (`stamped_at`, nanoseconds) and a random number
 //! (`nonce`) to every call's args; `ambient` adds to the output what the run read from its
 //! clocks and random sources: `{"wall_ns", "elapsed_ns", "random", "hash_order"}` (a number
@@ -57,6 +62,7 @@ struct Script {
     memory_set: Map<String, Value>,
     memory_get: Vec<String>,
     fail: Option<String>,
+    raise: Option<String>,
     output: Option<bool>,
     ambient: bool,
     stamp_calls: bool,
@@ -76,6 +82,11 @@ struct Send {
     kind: String,
     #[serde(default)]
     payload: Value,
+}
+
+/// Panics with `message`.
+fn raise(message: &str) -> ! {
+    panic!("{message}")
 }
 
 fn empty_object() -> Value {
@@ -119,6 +130,9 @@ impl Action for Caller {
 
         if let Some(message) = script.fail {
             return Err(Error::msg(message));
+        }
+        if let Some(message) = script.raise {
+            raise(&message);
         }
         if script.output.unwrap_or(true) {
             let mut output = json!({

@@ -12,6 +12,8 @@
 //! | `flood` | prints 256 KiB to stdout; outputs `{"printed": 262144}` |
 //! | `ambient` | reports what it finds of environment, arguments and stdin |
 //! | `trap` | panics with `boom` |
+//! | `stack-overflow` | recurses until the call stack is exhausted |
+//! | `out-of-bounds` | reads memory past the end of its linear memory |
 //! | `memory` | sets `count` memory values of `bytes` bytes (names `m0`, `m1`, ...; `name-bytes` makes each name that long) |
 //! | `sends` | sends `count` events of kind `flood` whose payload is a JSON string of `bytes` bytes |
 //! | `logs` | logs `count` lines of `bytes` bytes through the host's log |
@@ -36,6 +38,8 @@ enum Mode {
     Flood,
     Ambient,
     Trap,
+    StackOverflow,
+    OutOfBounds,
     Memory,
     Sends,
     Logs,
@@ -110,6 +114,8 @@ impl Action for Hostile {
                 }))
             }
             Mode::Trap => panic!("boom"),
+            Mode::StackOverflow => ctx.output(&json!({ "depth": deep(0) })),
+            Mode::OutOfBounds => ctx.output(&json!({ "read": past_the_end() })),
             Mode::Memory => {
                 // A JSON string of `bytes` bytes, quotes included, made once: the flood
                 // costs the guest little fuel.
@@ -147,6 +153,26 @@ impl Action for Hostile {
             Mode::Fail => Err(Error::msg("\u{1}".repeat(script.bytes))),
         }
     }
+}
+
+/// Recurses without end: each call is a frame of the wasm call stack, which the host
+/// bounds; `black_box` keeps the recursion from being turned into a loop.
+#[allow(unconditional_recursion, reason = "the stack must run out")]
+fn deep(depth: u64) -> u64 {
+    black_box(deep(black_box(depth + 1))) + 1
+}
+
+/// Reads a byte at the top of the 32-bit address space, far past any memory the guest
+/// may grow: the host traps the access.
+#[inline(never)]
+#[allow(
+    unsafe_code,
+    reason = "a test guest that must make an out-of-bounds access"
+)]
+fn past_the_end() -> u8 {
+    let address = black_box(usize::MAX - 15) as *const u8;
+    // SAFETY: none; that the access traps instead of reading is what is tested.
+    unsafe { std::ptr::read_volatile(address) }
 }
 
 /// Burns CPU forever; `black_box` keeps the loop from being optimised away.
