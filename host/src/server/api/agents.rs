@@ -4,7 +4,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use axum::Json;
-use axum::extract::{Path, State};
+use axum::extract::State;
+
+use super::extract::{AgentPath, Path, TenantPath};
 use axum::http::{HeaderMap, StatusCode};
 use serde::Serialize;
 use utoipa::ToSchema;
@@ -46,7 +48,7 @@ pub(super) struct AgentView {
 /// Functions may reach only the hosts the operator allows the tenant, and `secret-headers`
 /// and `api-key-env` name the tenant's secrets.
 #[utoipa::path(post, path = "/v1/tenants/{tenant}/agents", tag = "agents",
-    params(("tenant" = String, Path)),
+    params(TenantPath),
     request_body(content = String, content_type = "application/toml", description = "agent.toml"),
     responses(
         (status = 201, description = "Defined", body = Defined),
@@ -103,7 +105,7 @@ pub(super) async fn define_agent(
 
 /// The tenant's agents and their versions.
 #[utoipa::path(get, path = "/v1/tenants/{tenant}/agents", tag = "agents",
-    params(("tenant" = String, Path)),
+    params(TenantPath),
     responses(
         (status = 200, description = "The agents", body = AgentList),
         TenantErrors,
@@ -133,7 +135,7 @@ fn summaries(agents: BTreeMap<String, Vec<u32>>) -> Vec<AgentSummary> {
 
 /// One agent: its versions and current agent.toml.
 #[utoipa::path(get, path = "/v1/tenants/{tenant}/agents/{agent}", tag = "agents",
-    params(("tenant" = String, Path), ("agent" = String, Path)),
+    params(TenantPath, AgentPath),
     responses(
         (status = 200, description = "The agent", body = AgentView),
         TenantErrors,

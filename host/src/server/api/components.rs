@@ -3,7 +3,9 @@
 use std::sync::Arc;
 
 use axum::Json;
-use axum::extract::{Path, State};
+use axum::extract::State;
+
+use super::extract::{ComponentPath, Path, TenantPath};
 use axum::http::{HeaderMap, StatusCode};
 use serde::Serialize;
 use utoipa::ToSchema;
@@ -36,7 +38,7 @@ pub(super) struct ComponentList {
 /// checked against the world as `rewind check` does, and precompiled. Agents defined
 /// before keep the component they were defined with.
 #[utoipa::path(put, path = "/v1/tenants/{tenant}/components/{name}", tag = "components",
-    params(("tenant" = String, Path), ("name" = String, Path, description = "1 to 63 of a-z, 0-9, '-'")),
+    params(TenantPath, ComponentPath),
     request_body(content = Vec<u8>, content_type = "application/wasm"),
     responses(
         (status = 201, description = "Stored", body = ComponentView),
@@ -87,7 +89,7 @@ pub(super) async fn upload_component(
 
 /// The tenant's components, by name, with their sizes.
 #[utoipa::path(get, path = "/v1/tenants/{tenant}/components", tag = "components",
-    params(("tenant" = String, Path)),
+    params(TenantPath),
     responses(
         (status = 200, description = "The components", body = ComponentList),
         TenantErrors,

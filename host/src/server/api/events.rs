@@ -9,7 +9,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Json;
-use axum::extract::{Path, Query, State};
+use axum::extract::State;
+
+use super::extract::{AgentPath, KeyPath, Path, Query, TenantPath};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use futures_util::Stream;
@@ -24,9 +26,37 @@ use crate::server::runtime::{
     HistoryEntry, PositionedOutput, Submission, SubmitError, Submitted, TenantRuntime,
 };
 
-/// The longest event id and key accepted, in bytes.
+/// The longest event id and key accepted, in characters.
 const MAX_ID: usize = 256;
 const MAX_KEY: usize = 1024;
+
+/// The largest `after`: positions and sequences are documented as 64-bit signed integers.
+const MAX_AFTER: u64 = i64::MAX as u64;
+
+/// `after` of a list, refused past [`MAX_AFTER`].
+fn checked_after(after: u64) -> Result<u64, ApiError> {
+    if after > MAX_AFTER {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "bad-query",
+            format!("after must be 0 to {MAX_AFTER}, not {after}"),
+        ));
+    }
+    Ok(after)
+}
+
+/// `limit` of a list: `default` when not given; refused outside 1 to `max`.
+fn checked_limit(limit: Option<usize>, default: usize, max: usize) -> Result<usize, ApiError> {
+    match limit {
+        None => Ok(default),
+        Some(limit) if (1..=max).contains(&limit) => Ok(limit),
+        Some(limit) => Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "bad-query",
+            format!("limit must be 1 to {max}, not {limit}"),
+        )),
+    }
+}
 /// Outputs returned at most by one list request.
 const MAX_OUTPUTS: usize = 1000;
 
@@ -35,9 +65,12 @@ const MAX_OUTPUTS: usize = 1000;
 #[serde(deny_unknown_fields)]
 pub(super) struct NewEvent {
     /// The client's id for this event: submitting it again (a retry) does not process it
-    /// twice, and returns what the first submission got.
+    /// twice, and returns what the first submission got. 1 to 256 characters.
+    #[schema(min_length = 1, max_length = 256)]
     id: String,
-    /// Inputs of one key run one at a time, in the order they were accepted.
+    /// Inputs of one key run one at a time, in the order they were accepted. 1 to 1024
+    /// characters.
+    #[schema(min_length = 1, max_length = 1024)]
     key: String,
     /// Any JSON; the agent's `input` event carries it.
     #[schema(value_type = Object)]
@@ -47,7 +80,7 @@ pub(super) struct NewEvent {
 /// Submits an event for a key. Accepted (202) once it is durable in the tenant's journal;
 /// a retry with the same `id` gets 200 and what the first submission got.
 #[utoipa::path(post, path = "/v1/tenants/{tenant}/agents/{agent}/events", tag = "events",
-    params(("tenant" = String, Path), ("agent" = String, Path)),
+    params(TenantPath, AgentPath),
     request_body = NewEvent,
     responses(
         (status = 202, description = "Accepted", body = Submitted),
@@ -73,9 +106,9 @@ pub(super) async fn submit_event(
         ))
     })?;
     for (what, value, max) in [("id", &event.id, MAX_ID), ("key", &event.key, MAX_KEY)] {
-        if value.is_empty() || value.len() > max {
+        if value.is_empty() || value.chars().count() > max {
             return Err(ApiError::bad_request(format!(
-                "`{what}` must be 1 to {max} bytes"
+                "`{what}` must be 1 to {max} characters"
             )));
         }
     }
@@ -126,8 +159,10 @@ pub(super) async fn submit_event(
 pub(super) struct OutputsQuery {
     /// Outputs after this position (0, the default: from the first).
     #[serde(default)]
+    #[param(minimum = 0, maximum = 9_223_372_036_854_775_807_i64)]
     after: u64,
     /// At most this many (default and most: 1000).
+    #[param(minimum = 1, maximum = 1000)]
     limit: Option<usize>,
 }
 
@@ -141,7 +176,7 @@ pub(super) struct OutputList {
 /// The tenant's outputs after a position, oldest first. Positions are the tenant's own:
 /// 1 for its first output, one more for each after.
 #[utoipa::path(get, path = "/v1/tenants/{tenant}/outputs", tag = "events",
-    params(("tenant" = String, Path), OutputsQuery),
+    params(TenantPath, OutputsQuery),
     responses(
         (status = 200, description = "The outputs", body = OutputList),
         TenantErrors,
@@ -153,15 +188,13 @@ pub(super) async fn list_outputs(
     headers: HeaderMap,
 ) -> Result<Json<OutputList>, ApiError> {
     let runtime = open_tenant(&state, &headers, &tenant).await?;
-    let limit = query.limit.unwrap_or(MAX_OUTPUTS).clamp(1, MAX_OUTPUTS);
-    let outputs = runtime
-        .outputs_after(query.after, limit)
-        .await
-        .map_err(|e| {
-            tracing::error!(tenant, "reading outputs: {e}");
-            ApiError::internal("the server could not read the outputs; try again")
-        })?;
-    let next = outputs.last().map_or(query.after, |o| o.position);
+    let limit = checked_limit(query.limit, MAX_OUTPUTS, MAX_OUTPUTS)?;
+    let after = checked_after(query.after)?;
+    let outputs = runtime.outputs_after(after, limit).await.map_err(|e| {
+        tracing::error!(tenant, "reading outputs: {e}");
+        ApiError::internal("the server could not read the outputs; try again")
+    })?;
+    let next = outputs.last().map_or(after, |o| o.position);
     Ok(Json(OutputList { outputs, next }))
 }
 
@@ -171,6 +204,7 @@ pub(super) struct StreamQuery {
     /// Outputs after this position; a `Last-Event-ID` header, sent by a reconnecting
     /// client, takes precedence. Default 0: from the first.
     #[serde(default)]
+    #[param(minimum = 0, maximum = 9_223_372_036_854_775_807_i64)]
     after: u64,
 }
 
@@ -178,8 +212,8 @@ pub(super) struct StreamQuery {
 /// is its position and whose data is the output as `GET .../outputs` lists it. The stream
 /// stays open, sending outputs as they are written, until the server stops.
 #[utoipa::path(get, path = "/v1/tenants/{tenant}/outputs/stream", tag = "events",
-    params(("tenant" = String, Path), StreamQuery,
-        ("Last-Event-ID" = Option<u64>, Header, description = "Resume after this position")),
+    params(TenantPath, StreamQuery,
+        ("Last-Event-ID" = Option<u64>, Header, minimum = 0, maximum = 9_223_372_036_854_775_807_i64, description = "Resume after this position")),
     responses(
         (status = 200, description = "A stream of `output` events", content_type = "text/event-stream", body = String),
         TenantErrors,
@@ -191,11 +225,21 @@ pub(super) async fn stream_outputs(
     headers: HeaderMap,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
     let runtime = open_tenant(&state, &headers, &tenant).await?;
-    let after = headers
-        .get("last-event-id")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(query.after);
+    let after = match headers.get("last-event-id") {
+        None => checked_after(query.after)?,
+        Some(id) => id
+            .to_str()
+            .ok()
+            .and_then(|id| id.trim().parse().ok())
+            .filter(|&id| id <= MAX_AFTER)
+            .ok_or_else(|| {
+                ApiError::new(
+                    StatusCode::BAD_REQUEST,
+                    "bad-header",
+                    format!("Last-Event-ID must be a position, 0 to {MAX_AFTER}"),
+                )
+            })?,
+    };
     let follow = Follow {
         changes: runtime.watch_outputs(),
         runtime,
@@ -262,8 +306,10 @@ impl Follow {
 pub(super) struct HistoryQuery {
     /// Inputs with a sequence after this one (0, the default: from the first).
     #[serde(default)]
+    #[param(minimum = 0, maximum = 9_223_372_036_854_775_807_i64)]
     after: u64,
     /// At most this many (default 100, at most 1000).
+    #[param(minimum = 1, maximum = 1000)]
     limit: Option<usize>,
 }
 
@@ -285,7 +331,7 @@ pub(super) struct KeyHistory {
 /// What happened to one key of an agent: each input, with its status, its actions, and
 /// their recorded calls.
 #[utoipa::path(get, path = "/v1/tenants/{tenant}/agents/{agent}/keys/{key}/history", tag = "events",
-    params(("tenant" = String, Path), ("agent" = String, Path), ("key" = String, Path), HistoryQuery),
+    params(TenantPath, AgentPath, KeyPath, HistoryQuery),
     responses(
         (status = 200, description = "The key's history, a page at a time", body = KeyHistory),
         TenantErrors,
@@ -300,16 +346,17 @@ pub(super) async fn key_history(
     if !runtime.agents().contains_key(&agent) {
         return Err(ApiError::not_found(format!("no agent {agent}")));
     }
-    let limit = query.limit.unwrap_or(DEFAULT_HISTORY).clamp(1, MAX_HISTORY);
+    let limit = checked_limit(query.limit, DEFAULT_HISTORY, MAX_HISTORY)?;
+    let after = checked_after(query.after)?;
     let (inputs, more) = runtime
-        .history(&agent, &key, query.after, limit)
+        .history(&agent, &key, after, limit)
         .await
         .map_err(|e| {
             tracing::error!(tenant, agent, "reading a key's history: {e}");
             ApiError::internal("the server could not read the history; try again")
         })?
         .ok_or_else(|| ApiError::not_found(format!("agent {agent} has no inputs for key {key}")))?;
-    let next = more.then(|| inputs.last().map_or(query.after, |i| i.sequence));
+    let next = more.then(|| inputs.last().map_or(after, |i| i.sequence));
     Ok(Json(KeyHistory {
         agent,
         key,

@@ -6,6 +6,7 @@
 mod agents;
 mod components;
 mod events;
+mod extract;
 mod tenants;
 
 use std::sync::Arc;
@@ -114,6 +115,10 @@ enum Caller {
 #[derive(utoipa::IntoResponses)]
 #[allow(dead_code)] // Only its description is used.
 pub(super) enum TenantErrors {
+    /// A path segment or query parameter that cannot be read: not UTF-8, not a number,
+    /// out of range (`bad-path`, `bad-query`).
+    #[response(status = 400)]
+    BadRequest(ErrorBody),
     /// No valid token.
     #[response(status = 401)]
     Unauthorized(ErrorBody),

@@ -3,7 +3,9 @@
 use std::sync::Arc;
 
 use axum::Json;
-use axum::extract::{Path, State};
+use axum::extract::State;
+
+use super::extract::{Path, TenantPath, TokenPath};
 use axum::http::{HeaderMap, StatusCode};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
@@ -20,6 +22,7 @@ use crate::server::tenants::{Issued, TokenInfo};
 #[serde(deny_unknown_fields)]
 pub(super) struct NewTenant {
     /// 1 to 63 characters of a-z, 0-9 and '-', starting with a letter or digit.
+    #[schema(pattern = "^[a-z0-9][a-z0-9-]{0,62}$", min_length = 1, max_length = 63)]
     name: String,
 }
 
@@ -115,9 +118,10 @@ pub(super) async fn create_tenant(
 
 /// Issues another token for a tenant (admin only).
 #[utoipa::path(post, path = "/v1/tenants/{tenant}/tokens", tag = "tenants",
-    params(("tenant" = String, Path)),
+    params(TenantPath),
     responses(
         (status = 201, description = "Issued", body = IssuedToken),
+        (status = 400, description = "A path segment that cannot be read", body = ErrorBody),
         (status = 401, description = "No valid token", body = ErrorBody),
         (status = 403, description = "Not the admin token", body = ErrorBody),
         (status = 404, description = "No such tenant", body = ErrorBody),
@@ -135,7 +139,7 @@ pub(super) async fn issue_token(
 /// A tenant's tokens: their ids, when each was issued and last used; never a token (the
 /// admin, or the tenant itself).
 #[utoipa::path(get, path = "/v1/tenants/{tenant}/tokens", tag = "tenants",
-    params(("tenant" = String, Path)),
+    params(TenantPath),
     responses(
         (status = 200, description = "The tenant's tokens, oldest first", body = [TokenView]),
         TenantErrors,
@@ -153,7 +157,7 @@ pub(super) async fn list_tokens(
 /// Revokes a tenant's token (the admin, or the tenant itself, with this token or another):
 /// from now on, and after a restart, it gets 401.
 #[utoipa::path(delete, path = "/v1/tenants/{tenant}/tokens/{id}", tag = "tenants",
-    params(("tenant" = String, Path), ("id" = String, Path, description = "The token's id")),
+    params(TenantPath, TokenPath),
     responses(
         (status = 204, description = "Revoked"),
         TenantErrors,
@@ -170,7 +174,7 @@ pub(super) async fn revoke_token(
 
 /// A tenant's quotas and usage.
 #[utoipa::path(get, path = "/v1/tenants/{tenant}", tag = "tenants",
-    params(("tenant" = String, Path)),
+    params(TenantPath),
     responses(
         (status = 200, description = "The tenant", body = TenantView),
         TenantErrors,

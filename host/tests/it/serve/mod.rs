@@ -4,6 +4,7 @@ mod auth;
 mod deploy;
 mod events;
 mod functions;
+mod fuzz;
 mod hostile;
 mod load;
 mod openapi;
