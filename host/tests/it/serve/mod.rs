@@ -8,6 +8,7 @@ mod fuzz;
 mod hostile;
 mod load;
 mod openapi;
+mod paths;
 mod quotas;
 mod restart;
 mod tls;
