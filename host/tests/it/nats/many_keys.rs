@@ -6,6 +6,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures_util::StreamExt as _;
 use rewind_host::checkpoint::{Checkpoint, CheckpointStore, LogCheckpoints};
 use rewind_host::cluster::{Layout, inputs};
 use rewind_host::log::{JetStreamLog, Log, connect_nats};
@@ -77,14 +78,28 @@ async fn latest_checkpoint(url: &str) -> Checkpoint {
 }
 
 /// Waits until the partition has `count` outputs; fails after `within` showing the host's
-/// log.
+/// log. Outputs are counted by their subject: the stream also holds the fences each host
+/// writes when it takes the partition (on a subject of their own).
 async fn wait_for_outputs(url: &str, count: u64, within: Duration, host: &Host) {
     let context = async_nats::jetstream::new(connect_nats(url).await.expect("connects"));
-    let name = layout().output_stream(0).name;
+    let spec = layout().output_stream(0);
     let deadline = Instant::now() + within;
     loop {
-        let mut stream = context.get_stream(&name).await.expect("the output stream");
-        let held = stream.info().await.expect("its info").state.messages;
+        let stream = context
+            .get_stream(&spec.name)
+            .await
+            .expect("the output stream");
+        let mut subjects = stream
+            .info_with_subjects(&spec.subject)
+            .await
+            .expect("its info");
+        let mut held = 0;
+        while let Some(subject) = subjects.next().await {
+            let (subject, messages) = subject.expect("a subject's count");
+            if subject == spec.subject {
+                held += messages as u64;
+            }
+        }
         if held >= count {
             return;
         }
