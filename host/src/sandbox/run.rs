@@ -59,7 +59,8 @@ pub enum RunError {
     Failed(String),
     #[error("limit exceeded: {0}")]
     Limit(Limit),
-    /// The action panicked: the message and where, as its SDK's panic hook said.
+    /// The action panicked: the message and where, as Rust's panic hook wrote them to the
+    /// guest's stderr before the component aborted.
     #[error("the action {0}")]
     Panicked(String),
     #[error("the action trapped: {0}")]
@@ -244,7 +245,27 @@ fn classify(
     if instantiating {
         return RunError::Instantiate(text::outside_error(&format!("{error:#}")));
     }
+    if error.downcast_ref::<Trap>() == Some(&Trap::UnreachableCodeReached)
+        && let Some(panic) = panic_report(&state.wasi.stderr.peek())
+    {
+        return RunError::Panicked(text::outside_error(&panic));
+    }
     RunError::Trap(text::outside_error(&described_trap(error)))
+}
+
+/// The last panic Rust's default hook wrote to `stderr` (`thread '<unnamed>' panicked at
+/// FILE:LINE:COL:`, then the message, then a note about `RUST_BACKTRACE`), as `panicked at
+/// FILE:LINE:COL: MESSAGE`.
+fn panic_report(stderr: &[u8]) -> Option<String> {
+    let text = String::from_utf8_lossy(stderr);
+    let start = text.rfind("panicked at ")?;
+    let rest = &text[start + "panicked at ".len()..];
+    let (place, message) = rest.split_once(":\n")?;
+    let message: Vec<&str> = message
+        .lines()
+        .take_while(|line| !line.starts_with("note: run with `RUST_BACKTRACE"))
+        .collect();
+    Some(format!("panicked at {place}: {}", message.join("\n")))
 }
 
 /// Frames of a trap's backtrace kept in its error, innermost first.

@@ -132,6 +132,11 @@ impl Capture {
         }
     }
 
+    /// What the guest wrote so far, as far as it was kept, leaving it.
+    pub fn peek(&self) -> Vec<u8> {
+        self.lock().clone()
+    }
+
     /// What the guest wrote, as far as it was kept.
     pub fn take(&self) -> Vec<u8> {
         std::mem::take(&mut *self.lock())

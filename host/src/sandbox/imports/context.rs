@@ -117,17 +117,6 @@ impl Host for RunState {
         Ok(())
     }
 
-    fn panicked(&mut self, message: String) -> wasmtime::Result<()> {
-        let message = text::outside_error(&message);
-        // What the SDK's hook writes starts `panicked at`; anything else is said as given.
-        let message = if message.starts_with("panicked") {
-            message
-        } else {
-            format!("panicked: {message}")
-        };
-        Err(self.stop(RunError::Panicked(message)))
-    }
-
     fn log(&mut self, level: Level, message: String) -> wasmtime::Result<()> {
         // A message is kept whole or dropped whole (and counted, for the run's warning).
         if !self.wasi.log.take_whole(message.len()) {
