@@ -278,9 +278,7 @@ fn described_trap(error: &wasmtime::Error) -> String {
         Some(Trap::StackOverflow) => "stack overflow: the call stack is exhausted".to_owned(),
         Some(Trap::MemoryOutOfBounds) => "out-of-bounds memory access".to_owned(),
         Some(Trap::UnreachableCodeReached) => {
-            "`unreachable` executed: the action aborted (a Rust panic without the SDK's hook \
-             says its message on stderr)"
-                .to_owned()
+            "`unreachable` executed: the action aborted".to_owned()
         }
         Some(trap) => trap.to_string(),
         None => error.root_cause().to_string(),

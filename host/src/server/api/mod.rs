@@ -87,6 +87,7 @@ pub fn router(state: Arc<ServerState>) -> Router {
                 ([(header::CONTENT_TYPE, "application/json")], document)
             }),
         )
+        .method_not_allowed_fallback(method_not_allowed)
         .fallback(not_found)
         .with_state(state)
 }
@@ -333,6 +334,15 @@ async fn open_tenant(
 /// Compares two digests in time that does not depend on where they differ.
 fn same(a: &[u8; 32], b: &[u8; 32]) -> bool {
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// A route asked with a method it does not have: 405 in the API's error shape.
+async fn method_not_allowed() -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method-not-allowed",
+        "this route does not take that method (the OpenAPI document lists each route's)",
+    )
 }
 
 async fn not_found(State(state): State<Arc<ServerState>>, headers: HeaderMap) -> ApiError {

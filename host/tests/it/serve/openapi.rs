@@ -92,3 +92,24 @@ async fn every_route_in_the_openapi_document_answers_as_it_documents() {
     }
     assert_eq!(exercised, 14, "every route of the API is in the document");
 }
+
+#[tokio::test]
+async fn a_method_a_route_does_not_take_is_405_in_the_error_shape_with_allow() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = Server::start(dir.path(), "").await;
+    let response = server
+        .client
+        .patch(server.url("/v1/tenants/acme/outputs"))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .expect("answers");
+    assert_eq!(response.status(), StatusCode::METHOD_NOT_ALLOWED);
+    let allow = response.headers().get("allow").cloned();
+    assert_eq!(
+        allow.as_ref().and_then(|v| v.to_str().ok()),
+        Some("GET,HEAD")
+    );
+    let body: Value = response.json().await.expect("a JSON error");
+    assert_eq!(body["code"], "method-not-allowed", "{body}");
+}
