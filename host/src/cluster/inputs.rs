@@ -187,6 +187,7 @@ pub async fn subscribe(
         name,
         subject,
         next: after + 1,
+        ahead: 0,
     };
     tokio::spawn(reader.run(wake, inputs));
     Ok(Box::pin(futures_util::stream::unfold(
@@ -206,7 +207,18 @@ struct Reader {
     subject: String,
     /// The position to look from.
     next: u64,
+    /// How many messages past the next one the last read asked for at once.
+    ahead: u64,
 }
+
+/// The most messages a reader asks for at once beyond the first, and the most event ids it
+/// has judged at once. A reader that waited for each answer before asking again would cap a
+/// partition at one input per two round trips to the server (a get and an event id's
+/// create), whatever the agent's parallelism.
+const READ_AHEAD: u64 = 63;
+
+/// What the reader makes of the message at a position.
+type Read = (u64, Option<Result<InputLine, LineError>>);
 
 impl Reader {
     /// Reads until the receiver is dropped.
@@ -217,102 +229,180 @@ impl Reader {
     ) {
         let mut attempt = 0;
         loop {
-            match self.next_input().await {
-                Ok(Some((position, input))) => {
-                    attempt = 0;
-                    self.next = position + 1;
-                    let Some(input) = input else { continue };
-                    if inputs.send(input).await.is_err() {
-                        return;
-                    }
+            let (read, failed) = self.next_inputs().await;
+            let idle = read.is_empty() && failed.is_none();
+            for (position, input) in read {
+                self.next = position + 1;
+                let Some(input) = input else { continue };
+                if inputs.send(input).await.is_err() {
+                    return;
                 }
-                Ok(None) => {
-                    attempt = 0;
-                    tokio::select! {
-                        () = inputs.closed() => return,
-                        _ = wake.next() => {}
-                        () = tokio::time::sleep(IDLE_LOOK) => {}
-                    }
-                    // Wake-ups of messages already read are spent here, not one by one.
-                    while let Ok(Some(_)) = tokio::time::timeout(Duration::ZERO, wake.next()).await
-                    {
-                    }
+            }
+            if let Some(error) = failed {
+                attempt += 1;
+                tracing::debug!(stream = %self.name, attempt, "reading inputs: {error}");
+                tokio::select! {
+                    () = inputs.closed() => return,
+                    () = tokio::time::sleep(Duration::from_millis((50u64 << attempt.min(5)).min(1_000))) => {}
                 }
-                Err(error) => {
-                    attempt += 1;
-                    tracing::debug!(stream = %self.name, attempt, "reading inputs: {error}");
-                    tokio::select! {
-                        () = inputs.closed() => return,
-                        () = tokio::time::sleep(Duration::from_millis((50u64 << attempt.min(5)).min(1_000))) => {}
-                    }
+                continue;
+            }
+            attempt = 0;
+            if idle {
+                tokio::select! {
+                    () = inputs.closed() => return,
+                    _ = wake.next() => {}
+                    () = tokio::time::sleep(IDLE_LOOK) => {}
                 }
+                // Wake-ups of messages already read are spent here, not one by one.
+                while let Ok(Some(_)) = tokio::time::timeout(Duration::ZERO, wake.next()).await {}
             }
         }
     }
 
-    /// The next message on the subject, at its position: the input, why it is not one, or
-    /// nothing (a repeat of an event read before, dropped).
-    async fn next_input(
-        &self,
-    ) -> Result<Option<(u64, Option<Result<InputLine, LineError>>)>, async_nats::Error> {
-        let Some((position, payload)) = self.get_next().await? else {
-            return Ok(None);
+    /// The next messages on the subject, in order, each at its position: the input, why it
+    /// is not one, or nothing (a repeat of an event read before, dropped). An error stops
+    /// the batch where it happened: what comes before it is returned with it.
+    async fn next_inputs(&mut self) -> (Vec<Read>, Option<async_nats::Error>) {
+        let messages = match self.get_batch().await {
+            Ok(messages) => messages,
+            Err(error) => return (Vec::new(), Some(error)),
         };
-        let input = match parse(&self.name, position, &payload) {
-            Ok(input) => input,
-            Err(error) => return Ok(Some((position, Some(Err(error))))),
-        };
-        let verdict = self
-            .events
-            .verdict(&self.tenant, &self.agent, self.partition, position, &input)
-            .await
-            .map_err(|e| async_nats::Error::from(e.to_string()))?;
-        let line = usize::try_from(position).unwrap_or(usize::MAX);
-        Ok(Some((
-            position,
-            match verdict {
-                Verdict::First => Some(Ok(input)),
-                Verdict::Repeat {
-                    partition,
-                    position: first,
-                } => {
-                    tracing::info!(stream = %self.name, position, first_partition = partition,
-                        first_position = first, id = ?input.id,
-                        "an event published again; dropped");
-                    None
+        let this = &*self;
+        let mut read = Vec::with_capacity(messages.len());
+        let mut parsed: Vec<_> = messages
+            .into_iter()
+            .map(|(position, payload)| (position, payload.map(|p| parse(&this.name, position, &p))))
+            .collect();
+        while !parsed.is_empty() {
+            // Judged at once: a run with no event id twice. A second message of an id is
+            // judged after the first, so the first is the one that runs.
+            let ids = parsed.iter().map(|(_, message)| match message {
+                Some(Ok(input)) => input.id.as_deref(),
+                _ => None,
+            });
+            let judged_at_once = distinct_run(ids);
+            let run: Vec<_> = parsed.drain(..judged_at_once).collect();
+            let verdicts = futures_util::future::join_all(run.iter().map(|(position, message)| {
+                let position = *position;
+                async move {
+                    match message {
+                        Some(Ok(input)) => this
+                            .events
+                            .verdict(&this.tenant, &this.agent, this.partition, position, input)
+                            .await
+                            .map(Some),
+                        _ => Ok(None),
+                    }
                 }
-                Verdict::Reused {
-                    partition,
-                    position: first,
-                } => Some(Err(LineError {
-                    line,
-                    message: format!(
-                        "event id {:?} was first published with another key or payload \
-                         (message {first} of partition {partition}); an event id names one \
-                         event",
-                        input.id.as_deref().unwrap_or_default()
-                    ),
-                    stream: Some(self.name.clone()),
-                })),
-            },
-        )))
+            }))
+            .await;
+            for ((position, message), verdict) in run.into_iter().zip(verdicts) {
+                let verdict = match verdict {
+                    Ok(verdict) => verdict,
+                    Err(error) => return (read, Some(async_nats::Error::from(error.to_string()))),
+                };
+                let input = match message {
+                    // Another agent's message.
+                    None => None,
+                    Some(Err(error)) => Some(Err(error)),
+                    Some(Ok(input)) => this.judged(position, input, verdict),
+                };
+                read.push((position, input));
+            }
+        }
+        (read, None)
     }
 
-    /// The first message on the subject at or after `next`: its position and payload.
-    async fn get_next(&self) -> Result<Option<(u64, Bytes)>, async_nats::Error> {
+    /// What comes of `input` at `position` by its id's verdict (none: it has no id).
+    fn judged(
+        &self,
+        position: u64,
+        input: InputLine,
+        verdict: Option<Verdict>,
+    ) -> Option<Result<InputLine, LineError>> {
+        let line = usize::try_from(position).unwrap_or(usize::MAX);
+        match verdict {
+            None | Some(Verdict::First) => Some(Ok(input)),
+            Some(Verdict::Repeat {
+                partition,
+                position: first,
+            }) => {
+                tracing::info!(stream = %self.name, position, first_partition = partition,
+                    first_position = first, id = ?input.id,
+                    "an event published again; dropped");
+                None
+            }
+            Some(Verdict::Reused {
+                partition,
+                position: first,
+            }) => Some(Err(LineError {
+                line,
+                message: format!(
+                    "event id {:?} was first published with another key or payload \
+                     (message {first} of partition {partition}); an event id names one \
+                     event",
+                    input.id.as_deref().unwrap_or_default()
+                ),
+                stream: Some(self.name.clone()),
+            })),
+        }
+    }
+
+    /// The messages from the first one on the subject at or after `next` on, in order,
+    /// each at its position, with its payload when it is on the subject (the stream holds
+    /// other agents' subjects too). After the first, up to [`READ_AHEAD`] messages are
+    /// asked for at once, by position, as many as the last batch found (doubled) while
+    /// they keep being there; the batch ends before the first position that holds nothing
+    /// (the stream's end, or a message deleted: the next batch looks past it by subject).
+    async fn get_batch(&mut self) -> Result<Vec<(u64, Option<Bytes>)>, async_nats::Error> {
         let stream = self.context.get_stream_no_info(&self.name).await?;
-        match stream
+        let first = match stream
             .raw_message_builder()
             .sequence(self.next)
             .next_by_subject(self.subject.clone())
             .send()
             .await
         {
-            Ok(message) => Ok(Some((message.sequence, message.payload))),
-            Err(e) if e.kind() == RawMessageErrorKind::NoMessageFound => Ok(None),
-            Err(e) => Err(e.into()),
+            Ok(message) => message,
+            Err(e) if e.kind() == RawMessageErrorKind::NoMessageFound => return Ok(Vec::new()),
+            Err(e) => return Err(e.into()),
+        };
+        let ahead = self.ahead;
+        let mut batch = vec![(first.sequence, Some(first.payload))];
+        let mut later = futures_util::stream::iter(first.sequence + 1..=first.sequence + ahead)
+            .map(|position| {
+                let stream = &stream;
+                async move { stream.raw_message_builder().sequence(position).send().await }
+            })
+            .buffered(usize::try_from(ahead.max(1)).unwrap_or(1));
+        let mut found = 0;
+        while let Some(Ok(message)) = later.next().await {
+            found += 1;
+            let ours = message.subject.as_str() == self.subject;
+            batch.push((message.sequence, ours.then_some(message.payload)));
         }
+        self.ahead = if found == ahead {
+            (ahead * 2 + 1).min(READ_AHEAD)
+        } else {
+            found
+        };
+        Ok(batch)
     }
+}
+
+/// How many of `ids` from the first on hold no id twice (messages without one never
+/// repeat): at least one, unless there are none.
+fn distinct_run<'a>(ids: impl Iterator<Item = Option<&'a str>>) -> usize {
+    let mut seen = std::collections::HashSet::new();
+    let mut run = 0;
+    for id in ids {
+        if id.is_some_and(|id| !seen.insert(id)) {
+            break;
+        }
+        run += 1;
+    }
+    run
 }
 
 /// The input at `position` of stream `stream`, or why it is not one.
@@ -386,5 +476,20 @@ impl Retention for InputRetention {
                 .store(below, std::sync::atomic::Ordering::Release),
             Err(e) => tracing::warn!(stream = %self.stream, "purging the inputs read: {e}"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::distinct_run;
+
+    #[test]
+    fn a_run_judged_at_once_ends_before_an_id_it_holds_already() {
+        let run = |ids: &[Option<&str>]| distinct_run(ids.iter().copied());
+        assert_eq!(run(&[]), 0);
+        assert_eq!(run(&[Some("a")]), 1);
+        assert_eq!(run(&[Some("a"), None, None, Some("b")]), 4, "no id repeats");
+        assert_eq!(run(&[Some("a"), Some("b"), Some("a"), Some("c")]), 2);
+        assert_eq!(run(&[Some("a"), Some("a")]), 1, "the first runs alone");
     }
 }

@@ -2,6 +2,7 @@
 //! agent the cluster does not run is refused, and so are a host under a live host's name
 //! and a NATS that cannot be reached, each with an error that says so.
 
+use std::collections::BTreeSet;
 use std::path::Path;
 use std::process::{Command, Output};
 use std::time::Duration;
@@ -140,6 +141,78 @@ async fn an_event_published_again_runs_once() {
         (5, 0),
         "five charges, each made once"
     );
+}
+
+/// Inputs waiting when a host starts are read and judged many at once: of an id published
+/// twice among them, the first message runs, and the second is dropped (the same event) or
+/// refused (another payload), as when they arrive one by one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn of_an_id_published_twice_in_a_backlog_the_first_message_runs() {
+    const EVENTS: usize = 48;
+    let world = world(NatsServers::single().expect("nats-server starts")).await;
+    let (url, remote, dir) = (world.url.clone(), world.remote.clone(), world.dir.path());
+    // A host makes the streams; the backlog is published while none runs.
+    let mut host = Host::start(dir, &url, "a", 1, 1_000);
+    host.joined().await;
+    host.kill();
+    let jetstream = async_nats::jetstream::new(connect_nats(&url).await.expect("connects"));
+    let partition = rewind_host::store::KeyScope::new("default", "billing", "customer-0")
+        .partition(super::cluster::PARTITIONS);
+    let subject = format!("t.in.default.billing.{partition}");
+    let message = |k: usize, input: usize| {
+        json!({ "id": format!("twice-{k}"), "key": "customer-0", "payload": { "calls": [
+            { "function": "charge", "args": { "input": input } }] } })
+        .to_string()
+    };
+    for k in 0..EVENTS {
+        // Each id twice in a row: again as it was, or (odd ids) with another payload.
+        let again = if k % 2 == 0 { k } else { 1_000 + k };
+        for line in [message(k, k), message(k, again)] {
+            jetstream
+                .publish(subject.clone(), line.into())
+                .await
+                .expect("publish")
+                .await
+                .expect("ack");
+        }
+    }
+    let host = Host::start(dir, &url, "a", 1, 1_000);
+    host.joined().await;
+    wait_for_outputs(&url, 1, EVENTS, Duration::from_secs(60), &[&host]).await;
+    let log = host.log();
+    assert_eq!(
+        (
+            log.matches("an event published again; dropped").count(),
+            log.matches("was first published with another key or payload")
+                .count()
+        ),
+        (EVENTS / 2, EVENTS / 2),
+        "each second message dropped or refused: {log}"
+    );
+    let charged: BTreeSet<usize> = remote
+        .effects
+        .lock()
+        .expect("lock")
+        .values()
+        .map(|effect| effect.to_string())
+        .filter_map(|effect| {
+            let at = effect.find("input")? + "input".len();
+            let digits: String = effect[at..]
+                .chars()
+                .skip_while(|c| !c.is_ascii_digit())
+                .take_while(char::is_ascii_digit)
+                .collect();
+            digits.parse().ok()
+        })
+        .collect();
+    assert_eq!(
+        charged,
+        (0..EVENTS).collect(),
+        "each id's first payload charged, once: {:?}",
+        remote.effects.lock().expect("lock")
+    );
+    assert_eq!(remote.repeats(), 0);
+    assert_eq!(outputs(&url, 1).await.len(), EVENTS);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
