@@ -6,6 +6,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use async_nats::jetstream::ErrorCode;
+use async_nats::jetstream::context::GetStreamErrorKind;
 use futures_util::StreamExt as _;
 use rewind_host::checkpoint::{Checkpoint, CheckpointStore, LogCheckpoints};
 use rewind_host::cluster::{Layout, inputs};
@@ -85,20 +87,26 @@ async fn wait_for_outputs(url: &str, count: u64, within: Duration, host: &Host) 
     let spec = layout().output_stream(0);
     let deadline = Instant::now() + within;
     loop {
-        let stream = context
-            .get_stream(&spec.name)
-            .await
-            .expect("the output stream");
-        let mut subjects = stream
-            .info_with_subjects(&spec.subject)
-            .await
-            .expect("its info");
         let mut held = 0;
-        while let Some(subject) = subjects.next().await {
-            let (subject, messages) = subject.expect("a subject's count");
-            if subject == spec.subject {
-                held += messages as u64;
+        // The host makes the stream when it takes the partition, which may be after the
+        // inputs are published.
+        match context.get_stream(&spec.name).await {
+            Ok(stream) => {
+                let mut subjects = stream
+                    .info_with_subjects(&spec.subject)
+                    .await
+                    .expect("its info");
+                while let Some(subject) = subjects.next().await {
+                    let (subject, messages) = subject.expect("a subject's count");
+                    if subject == spec.subject {
+                        held += messages as u64;
+                    }
+                }
             }
+            Err(e)
+                if matches!(e.kind(), GetStreamErrorKind::JetStream(e)
+                    if e.error_code() == ErrorCode::STREAM_NOT_FOUND) => {}
+            Err(e) => panic!("the output stream: {e}"),
         }
         if held >= count {
             return;
