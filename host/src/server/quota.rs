@@ -360,6 +360,32 @@ mod tests {
         );
     }
 
+    /// Every run limit an agent.toml may set has a quota of the same name, and `fit` holds
+    /// the agent to it: a limit added to `Limits` and forgotten here fails this test.
+    #[test]
+    fn every_run_limit_has_a_quota_of_its_name_that_fit_holds_the_agent_to() {
+        let limits = serde_json::to_value(Limits::default()).expect("limits as JSON");
+        let names: Vec<&String> = limits.as_object().expect("an object").keys().collect();
+        assert!(names.len() >= 13, "{names:?}");
+        for name in names {
+            let mut quotas = serde_json::to_value(Quotas::default()).expect("quotas as JSON");
+            let quota = quotas
+                .get_mut(name)
+                .unwrap_or_else(|| panic!("no quota `{name}`"));
+            *quota = serde_json::json!(1);
+            let quotas: Quotas = serde_json::from_value(quotas).expect("quotas");
+            let mut config = agent(&format!("[limits]\n{name} = 2"));
+            let error = quotas
+                .fit(&mut config, &|path| path == ["limits", name.as_str()])
+                .expect_err("over its quota");
+            assert_eq!(error.quota, name, "{error}");
+            assert!(
+                error.to_string().contains(&format!("limits.{name} = 2")),
+                "{error}"
+            );
+        }
+    }
+
     #[test]
     fn an_agent_with_more_functions_than_its_quota_is_refused() {
         let quotas = Quotas {
