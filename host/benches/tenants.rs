@@ -1,5 +1,6 @@
 //! Noisy neighbour: tenant B's event latency (submit → its output arrives on B's stream) on
-//! an idle server, then while tenant A floods it with CPU-bound guests.
+//! an idle server, then while tenant A floods it with CPU-bound guests, then while A floods
+//! it with uploads of distinct components that fail the world check.
 //!
 //! `cargo bench -p rewind-host --bench tenants`; results and target in BENCHMARKS.md.
 
@@ -154,6 +155,26 @@ async fn measure_b(
     latencies
 }
 
+/// A component of `functions` functions of some arithmetic each, exporting no `run`: it is
+/// compiled whole before the world check refuses it. `tag` makes it distinct (no cache).
+fn wrong_world(tag: u64, functions: usize) -> Vec<u8> {
+    let mut wat = String::from("(component (core module\n");
+    for f in 0..functions {
+        wat.push_str(&format!(
+            "(func (export \"f{tag}_{f}\") (param i32) (result i32) (local i32)\n\
+             (local.set 1 (local.get 0))\n\
+             (block (loop\n\
+               (local.set 1 (i32.add (i32.mul (local.get 1) (i32.const {f})) (i32.const 7)))\n\
+               (local.set 1 (i32.xor (local.get 1) (i32.shr_u (local.get 1) (i32.const 3))))\n\
+               (br_if 1 (i32.eqz (local.get 1)))\n\
+               (br_if 0 (i32.lt_u (local.get 1) (i32.const 1000)))))\n\
+             (local.get 1))\n"
+        ));
+    }
+    wat.push_str("))\n");
+    wat.into_bytes()
+}
+
 /// The `percent`-th percentile of `sorted`.
 fn quantile(sorted: &[Duration], percent: usize) -> Duration {
     sorted[(sorted.len() - 1) * percent / 100]
@@ -173,7 +194,8 @@ fn main() {
         let config = ServerConfig::parse(
             &path,
             "state-dir = \".\"\n[tenants.a.quotas]\nconcurrent-runs = 4\nqueued-inputs = 64\n\
-             calls-per-minute = 1000000\n[admin-token]\nenv = \"UNUSED\"\n",
+             calls-per-minute = 1000000\ncompiles-per-minute = 1000000\n\
+             [admin-token]\nenv = \"UNUSED\"\n",
         )
         .expect("config");
         let sandbox = Arc::new(
@@ -254,7 +276,50 @@ fn main() {
         flooding.store(false, Ordering::SeqCst);
         flood.await.expect("the flood task");
 
-        for (name, sorted) in [("idle", &idle), ("A flooding", &flooded)] {
+        // A uploads distinct components that fail the world check, as fast as the
+        // server's compile slots take them (503 when they and the queue are full).
+        let uploading = Arc::new(AtomicBool::new(true));
+        let uploaded = Arc::new(AtomicU64::new(0));
+        let uploads = tokio::spawn({
+            let (client, uploading, uploaded, a) = (
+                Arc::clone(&client),
+                Arc::clone(&uploading),
+                Arc::clone(&uploaded),
+                a.clone(),
+            );
+            async move {
+                let mut i = 0u64;
+                while uploading.load(Ordering::SeqCst) {
+                    let (status, body) = client
+                        .send(
+                            client
+                                .http
+                                .put(format!("{}/v1/tenants/a/components/c{i}", client.base))
+                                .body(wrong_world(i, 400)),
+                            &a,
+                        )
+                        .await;
+                    match status {
+                        422 => {
+                            i += 1;
+                            uploaded.store(i, Ordering::SeqCst);
+                        }
+                        503 => tokio::time::sleep(Duration::from_millis(5)).await,
+                        _ => panic!("an upload answered {status}: {body}"),
+                    }
+                }
+            }
+        });
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let uploading_b = measure_b(&client, &b, "upload", &mut stream).await;
+        uploading.store(false, Ordering::SeqCst);
+        uploads.await.expect("the upload task");
+
+        for (name, sorted) in [
+            ("idle", &idle),
+            ("A flooding", &flooded),
+            ("A uploading", &uploading_b),
+        ] {
             println!(
                 "B's event latency, {name:<11} p50 {:>9.2?}  p90 {:>9.2?}  p99 {:>9.2?}",
                 quantile(sorted, 50),
@@ -262,13 +327,23 @@ fn main() {
                 quantile(sorted, 99)
             );
         }
-        let ratio = |p| quantile(&flooded, p).as_secs_f64() / quantile(&idle, p).as_secs_f64();
+        let ratio = |during: &[Duration], p| {
+            quantile(during, p).as_secs_f64() / quantile(&idle, p).as_secs_f64()
+        };
         println!(
             "flooded / idle: p50 {:.2}x  p90 {:.2}x  p99 {:.2}x  (A submitted {} CPU-bound inputs)",
-            ratio(50),
-            ratio(90),
-            ratio(99),
+            ratio(&flooded, 50),
+            ratio(&flooded, 90),
+            ratio(&flooded, 99),
             submitted.load(Ordering::SeqCst)
+        );
+        println!(
+            "uploading / idle: p50 {:.2}x  p90 {:.2}x  p99 {:.2}x  (A uploaded {} components \
+             that fail the world check)",
+            ratio(&uploading_b, 50),
+            ratio(&uploading_b, 90),
+            ratio(&uploading_b, 99),
+            uploaded.load(Ordering::SeqCst)
         );
     });
 }

@@ -43,7 +43,11 @@ pub async fn upload(
     {
         let _slot = slots.take().await?;
         let bytes = wasm.clone();
-        tokio::task::spawn_blocking(move || sandbox.load(&origin, &bytes).map(drop))
+        // On the guests' runtime: parsing and validating it are below the server's
+        // threads too (its functions compile on rayon's pool, lowered the same).
+        runtime
+            .compute()
+            .spawn_blocking(move || sandbox.load(&origin, &bytes).map(drop))
             .await
             .map_err(|e| std::io::Error::other(format!("checking the component failed: {e}")))??;
     }

@@ -54,8 +54,32 @@ pub enum StartError {
     Tls(#[from] TlsError),
 }
 
-/// The niceness of the threads guests run on (the server's own keep 0).
+/// The niceness of the threads guests run on and components compile on (the server's own
+/// keep 0).
 const RUN_NICENESS: i32 = 10;
+
+/// Lowers the calling thread to [`RUN_NICENESS`]: a request, a journal write or a stream is
+/// never queued behind a guest's time slice or a compile. Unprivileged: it only lowers.
+fn lower_this_thread(what: &str) {
+    let thread = rustix::thread::gettid();
+    if let Err(e) = rustix::process::setpriority_process(Some(thread), RUN_NICENESS) {
+        tracing::debug!("lowering a {what} thread's priority: {e}");
+    }
+}
+
+/// Wasmtime compiles a component's functions on rayon's global pool: its threads are
+/// lowered like the runs', so that one tenant's uploads (each compiled whole before its
+/// world is checked) do not slow the others' requests. Once per process: a pool built
+/// before (by an earlier server in the same process) is left as it is.
+fn lower_compile_threads() {
+    let built = rayon::ThreadPoolBuilder::new()
+        .thread_name(|i| format!("rewind-compile-{i}"))
+        .start_handler(|_| lower_this_thread("compile"))
+        .build_global();
+    if let Err(e) = built {
+        tracing::debug!("rayon's pool is built already: {e}");
+    }
+}
 
 /// The runtime guests run on: one worker per core, apart from the server's own.
 #[derive(Debug)]
@@ -66,14 +90,8 @@ impl Compute {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(std::thread::available_parallelism().map_or(2, |n| n.get()))
             .thread_name("rewind-run")
-            // Below the server's own threads: a request, a journal write or a stream is
-            // never queued behind a guest's time slice. Unprivileged: it only lowers.
-            .on_thread_start(|| {
-                let thread = rustix::thread::gettid();
-                if let Err(e) = rustix::process::setpriority_process(Some(thread), RUN_NICENESS) {
-                    tracing::debug!("lowering a run thread's priority: {e}");
-                }
-            })
+            // Below the server's own threads, its blocking pool (uploads' compiles) too.
+            .on_thread_start(|| lower_this_thread("run"))
             .enable_all()
             .build()?;
         Ok(Self(Some(runtime)))
@@ -138,6 +156,7 @@ impl ServerState {
             .transpose()?;
         // First: a second server on this directory is refused before it reads anything.
         let state_dir = StateDir::open(&config.state_dir)?;
+        lower_compile_threads();
         let tenants = Tenants::open(&config.state_dir)?;
         let state = Arc::new(Self {
             _state_dir: state_dir,

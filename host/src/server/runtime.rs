@@ -586,6 +586,11 @@ impl TenantRuntime {
         self.compiles.take_one()
     }
 
+    /// The runtime the tenant's guests run on, below the server's own threads.
+    pub fn compute(&self) -> &tokio::runtime::Handle {
+        &self.compute
+    }
+
     /// The tenant's sandbox: the host's engine and instances, the tenant's own cache.
     pub fn sandbox(&self) -> Arc<Sandbox> {
         Arc::clone(&self.builder.sandbox)
