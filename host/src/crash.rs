@@ -8,8 +8,9 @@
 //! exactly as if the machine's operator had killed it there. Unarmed, a point costs one
 //! atomic load.
 //!
-//! The points mark the durable boundaries of DESIGN.md, so a test can kill a run at each of
-//! them rather than at a random moment and hope to land on one.
+//! The points mark the durable boundaries (docs/SEMANTICS.md, "The durable call" and
+//! "Checkpoints and recovery"), so a test can kill a run at each of them rather than at a
+//! random moment and hope to land on one.
 
 use std::collections::BTreeMap;
 use std::fmt;

@@ -1,5 +1,5 @@
 //! An agent: its actions loaded into the sandbox, its functions, and the path of one input
-//! through them (DESIGN.md, "One input's path").
+//! through them (docs/SEMANTICS.md, "One input's path").
 
 mod build;
 mod config;

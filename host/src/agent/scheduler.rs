@@ -78,7 +78,7 @@ impl Summary {
     }
 }
 
-/// How a run takes checkpoints (DESIGN.md, "Checkpoints and recovery").
+/// How a run takes checkpoints (docs/SEMANTICS.md, "Checkpoints and recovery").
 #[derive(Clone, Debug)]
 pub struct Checkpointing {
     pub store: Arc<dyn CheckpointStore>,

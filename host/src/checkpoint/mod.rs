@@ -2,7 +2,8 @@
 //!
 //! A checkpoint records the input position, each key's next and last completed sequence,
 //! the inputs accepted but not complete, each key's short-term memory, and the store's
-//! marker (DESIGN.md, "Checkpoints and recovery"). Recovery starts from the newest one.
+//! marker (docs/SEMANTICS.md, "Checkpoints and recovery"). Recovery starts from the
+//! newest one.
 
 pub mod conformance;
 mod file;

@@ -24,8 +24,8 @@ pub enum DivergencePolicy {
     Fail,
 }
 
-/// What a call found pending on replay (the process died while it ran) means (DESIGN.md,
-/// "In-doubt").
+/// What a call found pending on replay (the process died while it ran) means
+/// (docs/SEMANTICS.md, "In-doubt calls").
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum InDoubtPolicy {

@@ -1,7 +1,7 @@
 //! Durable calls: every call out of the sandbox is recorded before the guest sees its
 //! result, and served from that record when the run is replayed.
 //!
-//! DESIGN.md, "The durable call", is the contract this module implements.
+//! docs/SEMANTICS.md, "The durable call", is the contract this module implements.
 
 mod ambient;
 mod call;

@@ -43,7 +43,8 @@ pub enum FunctionError {
     Unavailable(String),
 }
 
-/// What the remote side says became of a call left in doubt (DESIGN.md, "In-doubt").
+/// What the remote side says became of a call left in doubt (docs/SEMANTICS.md, "In-doubt
+/// calls").
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Reconciled {
     /// It ran and answered this JSON: recorded as the call's result.

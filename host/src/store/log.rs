@@ -1,5 +1,5 @@
 //! The action-state store over a [`Log`]: a cache in front, writes through to the log, and
-//! both marker strategies of DESIGN.md.
+//! both marker strategies (docs/SEMANTICS.md, "The store and its markers").
 
 use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, HashMap};
@@ -24,7 +24,8 @@ const REBUILD_BATCH: usize = 1024;
 /// States re-appended at a time by a `refresh` checkpoint, unless set otherwise.
 pub const DEFAULT_REFRESH_BATCH: usize = 4096;
 
-/// How a checkpoint's marker keeps every cached state reachable (DESIGN.md).
+/// How a checkpoint's marker keeps every cached state reachable (docs/SEMANTICS.md, "The
+/// store and its markers").
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum MarkerStrategy {

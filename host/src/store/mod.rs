@@ -2,8 +2,8 @@
 //!
 //! A store keeps every unpruned [`ActionState`] in a cache and writes through to a durable
 //! log: a write is acknowledged by the log before the cache changes. Checkpoints ask it for
-//! a [`Marker`]; recovery rebuilds the cache from one. See DESIGN.md, "The store and its
-//! markers".
+//! a [`Marker`]; recovery rebuilds the cache from one. See docs/SEMANTICS.md, "The store
+//! and its markers".
 
 pub mod conformance;
 pub mod encoding;

@@ -1,4 +1,4 @@
-//! Durable-call semantics (DESIGN.md, "The durable call").
+//! Durable-call semantics (docs/SEMANTICS.md, "The durable call").
 //!
 //! A run is interrupted the way a crash interrupts it: a function `gate` is unavailable the
 //! first time (the run ends, nothing about that call is recorded), and the input is then

@@ -1,4 +1,5 @@
-//! In-doubt calls (DESIGN.md, "In-doubt"), against a payment service on loopback.
+//! In-doubt calls (docs/SEMANTICS.md, "In-doubt calls"), against a payment service on
+//! loopback.
 //!
 //! The service can lose its next answer: it does not answer before the function's timeout
 //! (and the function makes no retry), after applying the charge or before. The run fails with the call's outcome unknown to
