@@ -1,7 +1,7 @@
 //! Loading an agent: its components into the sandbox, its functions from their config.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::config::{AgentFile, FunctionConfig, FunctionKind};
@@ -272,7 +272,6 @@ impl AgentBuilder {
             store: self
                 .store
                 .unwrap_or_else(|| Arc::new(InMemoryStore::default())),
-            memory: Mutex::new(Default::default()),
         })
     }
 }

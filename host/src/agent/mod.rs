@@ -8,8 +8,8 @@ pub mod output;
 mod scheduler;
 mod task;
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::sync::{Arc, Mutex};
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
 
 pub use build::{AgentBuilder, BuildError, Secrets};
 pub use config::{
@@ -43,7 +43,11 @@ struct Action {
     component: ActionComponent,
 }
 
-/// A loaded agent, ready to process inputs.
+/// A key's short-term memory: names and values, shared until a write copies it.
+pub type Memory = Arc<BTreeMap<String, String>>;
+
+/// A loaded agent, ready to process inputs: one version of it, the same for every key.
+/// What a key has (its memory, its place in its inputs) is its caller's to keep.
 #[derive(Debug)]
 pub struct Agent {
     tenant: String,
@@ -56,13 +60,15 @@ pub struct Agent {
     parallelism: usize,
     sandbox: Arc<Sandbox>,
     store: Arc<dyn ActionStateStore>,
-    /// Each key's short-term memory.
-    memory: Mutex<HashMap<String, Arc<BTreeMap<String, String>>>>,
 }
 
 /// What processing one input did.
 #[derive(Debug, Default)]
 pub struct InputReport {
+    /// The key's memory after the input: with its actions' writes when it completed, the
+    /// memory it was given when it did not (a failed input changes no memory; run again,
+    /// its completed actions' writes are applied again).
+    pub memory: Memory,
     pub outputs: Vec<Output>,
     /// Action runs (sandboxes started).
     pub runs: u64,
@@ -142,43 +148,27 @@ impl Agent {
         &self.functions
     }
 
-    /// The short-term memory of `key` as it is now.
-    pub fn memory(&self, key: &str) -> Arc<BTreeMap<String, String>> {
-        self.lock_memory().get(key).cloned().unwrap_or_default()
-    }
-
-    fn lock_memory(
-        &self,
-    ) -> std::sync::MutexGuard<'_, HashMap<String, Arc<BTreeMap<String, String>>>> {
-        self.memory
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
-    /// Removes the short-term memory of `key` from this agent and returns it (a server keeps
-    /// each key's memory itself, between inputs that may run on different versions).
-    pub fn take_memory(&self, key: &str) -> BTreeMap<String, String> {
-        self.lock_memory()
-            .remove(key)
-            .map(Arc::unwrap_or_clone)
-            .unwrap_or_default()
-    }
-
-    /// Replaces the short-term memory of `key` (recovery restores it from a checkpoint).
-    pub fn restore_memory(&self, key: &str, memory: BTreeMap<String, String>) {
-        self.lock_memory().insert(key.to_owned(), Arc::new(memory));
-    }
-
     pub fn scope(&self, key: &str) -> KeyScope {
         KeyScope::new(&self.tenant, &self.name, key)
     }
 
-    /// Processes one input to completion: runs the actions its event triggers, then the
-    /// actions their events trigger, and collects the outputs.
+    /// Processes one input of a key whose memory is `memory`: runs the actions its event
+    /// triggers, then the actions their events trigger, and collects the outputs and the
+    /// key's memory after them. An action sees the writes of the actions before it in the
+    /// same input.
     ///
-    /// Callers keep inputs of one key in order and one at a time.
-    pub async fn process(&self, input: &Input) -> InputReport {
-        let mut report = InputReport::default();
+    /// Callers keep inputs of one key in order and one at a time, each given the memory
+    /// the one before left.
+    pub async fn process(&self, input: &Input, memory: &Memory) -> InputReport {
+        let mut report = InputReport {
+            memory: Arc::clone(memory),
+            ..InputReport::default()
+        };
+        let failed = |mut report: InputReport, error| {
+            report.memory = Arc::clone(memory);
+            report.error = Some(error);
+            report
+        };
         let scope = self.scope(&input.key);
         let mut queue: VecDeque<(Event, Digest)> = VecDeque::new();
         queue.push_back((
@@ -189,11 +179,11 @@ impl Agent {
         while let Some((event, trigger)) = queue.pop_front() {
             events += 1;
             if events > MAX_EVENTS_PER_INPUT {
-                report.error = Some(InputError::TooManyEvents {
+                let error = InputError::TooManyEvents {
                     key: input.key.clone(),
                     sequence: input.sequence,
-                });
-                return report;
+                };
+                return failed(report, error);
             }
             let mut routed = false;
             for action in self.actions.iter().filter(|a| a.on.contains(&event.kind)) {
@@ -219,27 +209,33 @@ impl Agent {
                         {
                             Ok(state) => state,
                             Err(error) => {
-                                report.error = Some(InputError::Run {
+                                let error = InputError::Run {
                                     key: input.key.clone(),
                                     sequence: input.sequence,
                                     action: action.name.clone(),
                                     error,
-                                });
-                                return report;
+                                };
+                                return failed(report, error);
                             }
                         }
                     }
                 };
-                self.apply(input, &completed, &mut queue, &mut report.outputs);
+                self.apply(
+                    input,
+                    &completed,
+                    &mut queue,
+                    &mut report.memory,
+                    &mut report.outputs,
+                );
             }
             if !routed {
                 if self.unhandled_events == UnhandledEvents::Fail {
-                    report.error = Some(InputError::Unhandled {
+                    let error = InputError::Unhandled {
                         key: input.key.clone(),
                         sequence: input.sequence,
                         kind: event.kind,
-                    });
-                    return report;
+                    };
+                    return failed(report, error);
                 }
                 report.unhandled += 1;
                 tracing::warn!(agent = %self.name, key = %input.key, sequence = input.sequence,
@@ -251,11 +247,11 @@ impl Agent {
 
     /// [`process`](Self::process) in a task of its own, so that a panic fails this input
     /// (as [`InputError::Panicked`]) and not its caller.
-    pub async fn process_isolated(self: &Arc<Self>, input: &Input) -> InputReport {
+    pub async fn process_isolated(self: &Arc<Self>, input: &Input, memory: &Memory) -> InputReport {
         let task = task::AbortOnDrop(tokio::spawn({
             let agent = Arc::clone(self);
-            let input = input.clone();
-            async move { agent.process(&input).await }
+            let (input, memory) = (input.clone(), Arc::clone(memory));
+            async move { agent.process(&input, &memory).await }
         }));
         match task.await {
             Ok(report) => report,
@@ -269,6 +265,7 @@ impl Agent {
                     Err(error) => error.to_string(),
                 };
                 InputReport {
+                    memory: Arc::clone(memory),
                     error: Some(InputError::Panicked {
                         key: input.key.clone(),
                         sequence: input.sequence,
@@ -302,7 +299,7 @@ impl Agent {
                 action: action.name.clone(),
             },
             event: event.clone(),
-            memory: self.memory(&input.key),
+            memory: Arc::clone(&report.memory),
             durable,
             limits: self.limits,
         };
@@ -326,14 +323,14 @@ impl Agent {
         input: &Input,
         state: &ActionState,
         queue: &mut VecDeque<(Event, Digest)>,
+        memory: &mut Memory,
         outputs: &mut Vec<Output>,
     ) {
         let Some(completion) = &state.completion else {
             return;
         };
         if !completion.memory.is_empty() {
-            let mut memory = self.lock_memory();
-            let map = Arc::make_mut(memory.entry(input.key.clone()).or_default());
+            let map = Arc::make_mut(memory);
             for write in &completion.memory {
                 map.insert(write.name.clone(), write.value.clone());
             }

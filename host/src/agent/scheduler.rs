@@ -11,7 +11,7 @@ use tokio::sync::{Semaphore, mpsc};
 use super::input::{InputLine, LineError};
 use super::output::OutputSink;
 use super::task::AbortOnDrop;
-use super::{Agent, InputError, InputReport};
+use super::{Agent, InputError, InputReport, Memory};
 use crate::checkpoint::{Checkpoint, CheckpointId, CheckpointStore, KeyProgress, PendingInput};
 use crate::crash::{self, CrashPoint};
 use crate::durable::{CallStats, CallsByFunction};
@@ -185,6 +185,7 @@ pub async fn run_inputs<S: OutputSink>(
         done_tx: Some(done_tx),
         done_rx,
         workers: HashMap::new(),
+        memory: HashMap::new(),
         worker_tasks: Vec::new(),
         tracker: Tracker::default(),
         summary: Summary::default(),
@@ -248,6 +249,9 @@ struct Run<'a, S: OutputSink> {
     done_tx: Option<mpsc::UnboundedSender<(Input, InputReport)>>,
     done_rx: mpsc::UnboundedReceiver<(Input, InputReport)>,
     workers: HashMap<String, mpsc::UnboundedSender<Input>>,
+    /// Each key's memory as its last completed input left it: what a checkpoint records,
+    /// and what a key's worker starts from.
+    memory: HashMap<String, Memory>,
     /// The key workers' tasks: aborted if the run is dropped before it finishes.
     worker_tasks: Vec<AbortOnDrop<()>>,
     tracker: Tracker,
@@ -274,7 +278,8 @@ impl<S: OutputSink> Run<'_, S> {
                 key.clone(),
                 (progress.next_sequence, progress.last_completed),
             );
-            self.agent.restore_memory(key, progress.memory.clone());
+            self.memory
+                .insert(key.clone(), Arc::new(progress.memory.clone()));
         }
         let mut pending = checkpoint.pending.clone();
         pending.sort_by(|a, b| (&a.key, a.sequence).cmp(&(&b.key, b.sequence)));
@@ -320,8 +325,10 @@ impl<S: OutputSink> Run<'_, S> {
         };
         let queue = self.workers.entry(input.key.clone()).or_insert_with(|| {
             let (tx, rx) = mpsc::unbounded_channel();
+            let memory = self.memory.get(&input.key).cloned().unwrap_or_default();
             self.worker_tasks.push(AbortOnDrop(tokio::spawn(key_worker(
                 Arc::clone(&self.agent),
+                memory,
                 rx,
                 Arc::clone(&self.permits),
                 done,
@@ -432,16 +439,18 @@ impl<S: OutputSink> Run<'_, S> {
         self.since_checkpoint = (0, Instant::now());
         self.changed = false;
         // The cut: taken while intake waits (this task is the intake). In-flight inputs go
-        // on meanwhile, so a key's memory may already hold the writes of actions of its
-        // pending input that completed. That is consistent: on recovery that input runs
-        // again, its completed actions are re-applied (the same writes, in the same order)
-        // and its other actions read what they read the first time.
+        // on meanwhile; a key's memory here is what its last completed input left, as its
+        // counters are (both change only as an input is recorded).
         let keys: BTreeMap<String, KeyProgress> = self
             .tracker
             .keys
             .iter()
             .map(|(key, &(next_sequence, last_completed))| {
-                let memory = BTreeMap::clone(&self.agent.memory(key));
+                let memory = self
+                    .memory
+                    .get(key)
+                    .map(|memory| BTreeMap::clone(memory))
+                    .unwrap_or_default();
                 (
                     key.clone(),
                     KeyProgress {
@@ -529,6 +538,7 @@ async fn retain(checkpointing: &Checkpointing) {
 
 async fn key_worker(
     agent: Arc<Agent>,
+    mut memory: Memory,
     mut queue: mpsc::UnboundedReceiver<Input>,
     permits: Arc<Semaphore>,
     done: mpsc::UnboundedSender<(Input, InputReport)>,
@@ -548,8 +558,9 @@ async fn key_worker(
                 let Ok(permit) = permits.acquire().await else {
                     return;
                 };
-                let report = agent.process_isolated(&input).await;
+                let report = agent.process_isolated(&input, &memory).await;
                 drop(permit);
+                memory = Arc::clone(&report.memory);
                 report
             }
         };
@@ -614,6 +625,7 @@ impl<S: OutputSink> Run<'_, S> {
             }
             None => {
                 summary.completed += 1;
+                self.memory.insert(input.key.clone(), report.memory);
                 // Inputs of a key complete in order, so this is the key's last completed.
                 self.tracker
                     .pending

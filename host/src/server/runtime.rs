@@ -904,9 +904,10 @@ impl TenantRuntime {
                 return Outcome::Stuck;
             }
             Ok(agent) => {
-                agent.restore_memory(key, memory_before.clone());
-                let report = agent.process_isolated(&input).await;
-                let memory = agent.take_memory(key);
+                let report = agent
+                    .process_isolated(&input, &Arc::new(memory_before.clone()))
+                    .await;
+                let memory = Arc::unwrap_or_clone(report.memory);
                 match report.error {
                     // A failed input leaves the key's memory as it was.
                     Some(error) => (

@@ -44,12 +44,16 @@ async fn a_replay_makes_its_calls_with_the_time_and_randomness_the_first_run_saw
         store.clone(),
         &[("count", count.clone()), ("gate", gate.clone())],
     );
-    let first = agent.process(&input("k", 1, stamped())).await;
+    let first = agent
+        .process(&input("k", 1, stamped()), &Default::default())
+        .await;
     assert!(first.error.is_some(), "the outage ends the first run");
 
     // Time moves on (JavaScript's clock counts milliseconds) before the input is replayed.
     tokio::time::sleep(Duration::from_millis(20)).await;
-    let replay = agent.process(&input("k", 1, stamped())).await;
+    let replay = agent
+        .process(&input("k", 1, stamped()), &Default::default())
+        .await;
     assert!(replay.error.is_none(), "{replay:?}");
     assert_eq!(count.calls(), 1, "the first call is served from its record");
 
@@ -76,7 +80,9 @@ async fn a_run_of_another_input_reads_other_values(caller: &str) {
         &[("count", Counting::new()), ("gate", gate.clone())],
     );
     for key in ["a", "b"] {
-        let report = agent.process(&input(key, 1, stamped())).await;
+        let report = agent
+            .process(&input(key, 1, stamped()), &Default::default())
+            .await;
         assert!(report.error.is_none(), "{report:?}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -94,7 +100,10 @@ async fn a_completed_runs_clock_and_random_readings_are_in_its_state(caller: &st
         &[("count", Counting::new()), ("gate", Counting::new())],
     );
     let report = agent
-        .process(&input("k", 1, json!({ "ambient": true })))
+        .process(
+            &input("k", 1, json!({ "ambient": true })),
+            &Default::default(),
+        )
         .await;
     assert!(report.error.is_none(), "{report:?}");
     let ambient = &first_output(&report)["ambient"];
@@ -119,7 +128,10 @@ async fn a_rust_hash_map_iterates_in_the_same_order_when_a_state_runs_again() {
         // A fresh store each time: as if the first run's records had been lost.
         let agent = agent_with(&agent_toml("caller", "", ""), memory_store(), &[]);
         let report = agent
-            .process(&input("k", 1, json!({ "ambient": true })))
+            .process(
+                &input("k", 1, json!({ "ambient": true })),
+                &Default::default(),
+            )
             .await;
         assert!(report.error.is_none(), "{report:?}");
         orders.push(first_output(&report)["ambient"]["hash_order"].clone());

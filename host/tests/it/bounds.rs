@@ -23,8 +23,11 @@ async fn hostile(script: Value, limits: &str) -> (InputReport, usize) {
         memory_store(),
         &[],
     );
-    let report = agent.process(&input("k", 1, script)).await;
-    (report, agent.memory("k").len())
+    let report = agent
+        .process(&input("k", 1, script), &Default::default())
+        .await;
+    let memory = report.memory.len();
+    (report, memory)
 }
 
 #[tokio::test]
@@ -74,19 +77,27 @@ async fn a_keys_memory_past_memory_bytes_fails_the_run_that_would_grow_it() {
         &[],
     );
     let write = |count: u64| json!({ "mode": "memory", "count": count, "bytes": 1000 });
-    let report = agent.process(&input("k", 1, write(2))).await;
+    let report = agent
+        .process(&input("k", 1, write(2)), &Default::default())
+        .await;
     assert!(report.error.is_none(), "{report:?}");
     // Writing the same names again replaces them: the memory does not grow.
-    let report = agent.process(&input("k", 2, write(2))).await;
+    let report = agent
+        .process(&input("k", 2, write(2)), &report.memory)
+        .await;
     assert!(report.error.is_none(), "a rewrite is within: {report:?}");
-    let report = agent.process(&input("k", 3, write(3))).await;
+    let report = agent
+        .process(&input("k", 3, write(3)), &report.memory)
+        .await;
     let error = error_of(&report);
     assert!(
         error.contains("limit exceeded: memory-bytes (2500 bytes)"),
         "{error}"
     );
-    assert_eq!(agent.memory("k").len(), 2, "the memory is as it was");
-    let report = agent.process(&input("other", 1, write(2))).await;
+    assert_eq!(report.memory.len(), 2, "the memory is as it was");
+    let report = agent
+        .process(&input("other", 1, write(2)), &Default::default())
+        .await;
     assert!(
         report.error.is_none(),
         "another key has its own: {report:?}"
@@ -176,7 +187,9 @@ async fn an_answer_that_would_make_the_state_larger_than_a_record_is_recorded_as
         "calls": [{ "function": "large" }, { "function": "large" }],
         "output": false,
     });
-    let report = agent.process(&input("k", 1, script)).await;
+    let report = agent
+        .process(&input("k", 1, script), &Default::default())
+        .await;
     assert!(report.error.is_none(), "{report:?}");
     let states = store.states(&KeyScope::new("default", "test", "k"));
     let calls = &states[0].calls;
@@ -202,12 +215,14 @@ async fn an_answer_that_would_make_the_state_larger_than_a_record_is_recorded_as
 async fn a_run_whose_state_is_larger_than_a_record_fails_naming_the_log_s_bound() {
     let agent = agent_with(&agent_toml("caller", "", ""), small_record_store(), &[]);
     let script = json!({ "memory_set": { "big": "m".repeat(70 << 10) } });
-    let report = agent.process(&input("k", 1, script)).await;
+    let report = agent
+        .process(&input("k", 1, script), &Default::default())
+        .await;
     let error = error_of(&report);
     assert!(
         error.contains("limit exceeded: the run's state is")
             && error.contains("more than the 65536 the log takes in one record"),
         "{error}"
     );
-    assert!(agent.memory("k").is_empty(), "nothing applied");
+    assert!(report.memory.is_empty(), "nothing applied");
 }

@@ -97,10 +97,14 @@ async fn replay_after_code_change(toml: &str, old: &[Value], new: &[Value]) -> C
         ],
     );
     let (old, new) = (gated(old), gated(new));
-    let first = agent.process(&input("k", 1, old.clone())).await;
+    let first = agent
+        .process(&input("k", 1, old.clone()), &Default::default())
+        .await;
     assert!(first.error.is_some(), "the outage ends the first run");
     rekey(&store, 1, &old, &new).await;
-    let report = agent.process(&input("k", 1, new.clone())).await;
+    let report = agent
+        .process(&input("k", 1, new.clone()), &Default::default())
+        .await;
     CodeChange {
         store,
         count,
@@ -120,7 +124,9 @@ async fn a_miss_runs_the_function_once_and_a_hit_serves_the_record(caller: &str)
     );
     let payload = gated(&[call("count", json!({"x": 1}))]);
 
-    let first = agent.process(&input("k", 1, payload.clone())).await;
+    let first = agent
+        .process(&input("k", 1, payload.clone()), &Default::default())
+        .await;
     let error = first.error.expect("the outage ends the run").to_string();
     assert!(
         error.contains("`gate`") && error.contains("the service is down"),
@@ -128,7 +134,9 @@ async fn a_miss_runs_the_function_once_and_a_hit_serves_the_record(caller: &str)
     );
     assert_eq!((count.calls(), first.calls.live), (1, 1));
 
-    let second = agent.process(&input("k", 1, payload)).await;
+    let second = agent
+        .process(&input("k", 1, payload), &Default::default())
+        .await;
     assert!(second.error.is_none(), "{second:?}");
     assert_eq!(count.calls(), 1, "a hit must not run the function");
     assert_eq!((second.calls.replayed, second.calls.live), (1, 1));
@@ -149,9 +157,13 @@ async fn a_completed_action_is_not_run_again_and_its_outputs_are_reapplied(calle
     );
     let payload = json!({ "calls": [call("count", json!({}))], "memory_set": {"seen": true} });
 
-    let first = agent.process(&input("k", 1, payload.clone())).await;
+    let first = agent
+        .process(&input("k", 1, payload.clone()), &Default::default())
+        .await;
     assert!(first.error.is_none(), "{first:?}");
-    let second = agent.process(&input("k", 1, payload)).await;
+    let second = agent
+        .process(&input("k", 1, payload), &Default::default())
+        .await;
     assert!(second.error.is_none(), "{second:?}");
 
     assert_eq!(count.calls(), 1);
@@ -164,10 +176,7 @@ async fn a_completed_action_is_not_run_again_and_its_outputs_are_reapplied(calle
         first.outputs, second.outputs,
         "the same outputs, with the same ids"
     );
-    assert_eq!(
-        agent.memory("k").get("seen").map(String::as_str),
-        Some("true")
-    );
+    assert_eq!(second.memory.get("seen").map(String::as_str), Some("true"));
 }
 
 async fn another_input_under_the_same_key_and_sequence_does_not_get_the_first_ones_records(
@@ -181,18 +190,24 @@ async fn another_input_under_the_same_key_and_sequence_does_not_get_the_first_on
         &[("count", count.clone())],
     );
     agent
-        .process(&input(
-            "k",
-            1,
-            json!({ "calls": [call("count", json!({"order": "A1"}))] }),
-        ))
+        .process(
+            &input(
+                "k",
+                1,
+                json!({ "calls": [call("count", json!({"order": "A1"}))] }),
+            ),
+            &Default::default(),
+        )
         .await;
     let edited = agent
-        .process(&input(
-            "k",
-            1,
-            json!({ "calls": [call("count", json!({"order": "B2"}))] }),
-        ))
+        .process(
+            &input(
+                "k",
+                1,
+                json!({ "calls": [call("count", json!({"order": "B2"}))] }),
+            ),
+            &Default::default(),
+        )
         .await;
     assert_eq!((edited.runs, edited.reapplied), (1, 0), "{edited:?}");
     assert_eq!(count.calls(), 2);
@@ -278,8 +293,12 @@ async fn a_recorded_failure_is_replayed_as_the_same_failure(caller: &str) {
         &[("pay", pay.clone()), ("gate", gate.clone())],
     );
     let payload = gated(&[call("pay", json!({"amount": 5}))]);
-    agent.process(&input("k", 1, payload.clone())).await;
-    let second = agent.process(&input("k", 1, payload)).await;
+    agent
+        .process(&input("k", 1, payload.clone()), &Default::default())
+        .await;
+    let second = agent
+        .process(&input("k", 1, payload), &Default::default())
+        .await;
     assert!(second.error.is_none(), "{second:?}");
     assert_eq!(pay.calls(), 1, "a recorded failure is not retried");
     assert_eq!(
@@ -316,7 +335,9 @@ async fn denied_and_unknown_function_calls_are_not_recorded_and_replay_cleanly(c
         call("charge", json!({})),
         call("count", json!({})),
     ]);
-    let first = agent.process(&input("k", 1, payload.clone())).await;
+    let first = agent
+        .process(&input("k", 1, payload.clone()), &Default::default())
+        .await;
     assert!(first.error.is_some(), "the outage ends the first run");
     let functions = |store: &InMemoryStore| -> Vec<String> {
         recorded_calls(store, "k")
@@ -331,7 +352,9 @@ async fn denied_and_unknown_function_calls_are_not_recorded_and_replay_cleanly(c
     );
 
     // The replay makes the same refused calls first: they must not disturb the record.
-    let report = agent.process(&input("k", 1, payload)).await;
+    let report = agent
+        .process(&input("k", 1, payload), &Default::default())
+        .await;
     assert!(report.error.is_none(), "{report:?}");
     let results = first_output(&report)["results"].clone();
     assert!(
@@ -369,7 +392,9 @@ async fn the_idempotency_key_is_the_same_when_a_lost_record_makes_the_call_run_a
             Arc::new(InMemoryStore::default().with_incarnation(incarnation)),
             &[("count", count.clone())],
         );
-        let report = agent.process(&input("k", 7, payload.clone())).await;
+        let report = agent
+            .process(&input("k", 7, payload.clone()), &Default::default())
+            .await;
         assert!(report.error.is_none(), "{report:?}");
     }
     let keys = count.keys();
@@ -379,7 +404,9 @@ async fn the_idempotency_key_is_the_same_when_a_lost_record_makes_the_call_run_a
     assert_ne!(keys[0], keys[1], "two calls never share a key");
 
     let other_key = agent_with(&toml, memory_store(), &[("count", count.clone())]);
-    other_key.process(&input("j", 7, payload)).await;
+    other_key
+        .process(&input("j", 7, payload), &Default::default())
+        .await;
     assert_ne!(
         count.keys()[4],
         keys[0],
@@ -431,11 +458,10 @@ async fn the_guest_never_sees_a_result_the_store_did_not_acknowledge(caller: &st
         &[("count", count.clone())],
     );
     let report = agent
-        .process(&input(
-            "k",
-            1,
-            json!({ "calls": [call("count", json!({}))] }),
-        ))
+        .process(
+            &input("k", 1, json!({ "calls": [call("count", json!({}))] })),
+            &Default::default(),
+        )
         .await;
     let error = report.error.expect("the run fails").to_string();
     assert!(
@@ -477,9 +503,13 @@ async fn time_is_recorded_like_any_call_and_replayed_unchanged(caller: &str) {
             .expect("agent")
     };
     let payload = gated(&[call("now", json!({}))]);
-    at(1_000).process(&input("k", 1, payload.clone())).await;
+    at(1_000)
+        .process(&input("k", 1, payload.clone()), &Default::default())
+        .await;
     // Later, with the clock moved on, the replay still sees the time the first run saw.
-    let replay = at(9_999_000).process(&input("k", 1, payload)).await;
+    let replay = at(9_999_000)
+        .process(&input("k", 1, payload), &Default::default())
+        .await;
     assert!(replay.error.is_none(), "{replay:?}");
     assert_eq!(
         first_output(&replay)["results"][0]["ok"],

@@ -151,7 +151,10 @@ async fn http_posts_the_args_with_the_idempotency_key_and_configured_headers() {
     );
     let agent = agent_with(&toml, memory_store(), &[]);
     let report = agent
-        .process(&input("k", 1, call_tool(json!({ "order": "A1" }))))
+        .process(
+            &input("k", 1, call_tool(json!({ "order": "A1" }))),
+            &Default::default(),
+        )
         .await;
     assert!(report.error.is_none(), "{report:?}");
     let output = first_output(&report);
@@ -178,7 +181,9 @@ async fn http_retries_5xx_with_the_same_idempotency_key() {
     let (addr, seen) = serve().await;
     let toml = agent_toml("caller", "", &http_function(addr, "flaky", "retries = 3"));
     let agent = agent_with(&toml, memory_store(), &[]);
-    let report = agent.process(&input("k", 1, call_tool(json!({})))).await;
+    let report = agent
+        .process(&input("k", 1, call_tool(json!({}))), &Default::default())
+        .await;
     assert!(report.error.is_none(), "{report:?}");
     assert_eq!(
         first_output(&report)["results"][0]["ok"],
@@ -203,7 +208,9 @@ async fn http_times_out_and_records_nothing() {
     );
     let store = memory_store();
     let agent = agent_with(&toml, store.clone(), &[]);
-    let report = agent.process(&input("k", 1, call_tool(json!({})))).await;
+    let report = agent
+        .process(&input("k", 1, call_tool(json!({}))), &Default::default())
+        .await;
     let error = report.error.expect("the run fails").to_string();
     assert!(
         error.contains("timed out") && error.contains("tool"),
@@ -228,8 +235,12 @@ async fn http_non_2xx_is_a_recorded_failure_with_status_and_body() {
         { "function": "tool", "args": { "order": "Z9" } },
         { "function": "gate", "args": {} },
     ] });
-    agent.process(&input("k", 1, payload.clone())).await;
-    let report = agent.process(&input("k", 1, payload)).await;
+    agent
+        .process(&input("k", 1, payload.clone()), &Default::default())
+        .await;
+    let report = agent
+        .process(&input("k", 1, payload), &Default::default())
+        .await;
     assert!(report.error.is_none(), "{report:?}");
     let failure = first_output(&report)["results"][0]["error"]["failed"]
         .as_str()
@@ -266,11 +277,14 @@ async fn openai_chat_returns_the_assistant_message() {
     let messages =
         json!({ "messages": [{ "role": "user", "content": "Where is my order A1234?" }] });
     let report = agent
-        .process(&input(
-            "k",
-            1,
-            json!({ "calls": [{ "function": "chat", "args": messages }] }),
-        ))
+        .process(
+            &input(
+                "k",
+                1,
+                json!({ "calls": [{ "function": "chat", "args": messages }] }),
+            ),
+            &Default::default(),
+        )
         .await;
     assert!(report.error.is_none(), "{report:?}");
     let message = first_output(&report)["results"][0]["ok"].clone();
@@ -296,8 +310,12 @@ async fn recorded_failure(toml: &str, seen: &Seen, route: &'static str) -> Strin
         { "function": "tool", "args": { "messages": [] } },
         { "function": "gate", "args": {} },
     ] });
-    agent.process(&input("k", 1, payload.clone())).await;
-    let report = agent.process(&input("k", 1, payload)).await;
+    agent
+        .process(&input("k", 1, payload.clone()), &Default::default())
+        .await;
+    let report = agent
+        .process(&input("k", 1, payload), &Default::default())
+        .await;
     assert!(report.error.is_none(), "{report:?}");
     assert_eq!(
         seen.requests(route).len(),

@@ -134,7 +134,7 @@ fn recorded(store: &InMemoryStore) -> Vec<CallOutcome> {
 async fn first_run_loses_the_answer(toml: &str) -> (Agent, Arc<InMemoryStore>) {
     let store = Arc::new(InMemoryStore::default());
     let agent = agent_with(toml, store.clone(), &[]);
-    let first = agent.process(&pay_input()).await;
+    let first = agent.process(&pay_input(), &Default::default()).await;
     let error = first.error.expect("the answer was lost").to_string();
     assert!(error.contains("timed out"), "{error}");
     (agent, store)
@@ -151,7 +151,7 @@ async fn reconcile_records_what_the_remote_says_a_lost_call_did() {
         "the pending record was durable before the call"
     );
 
-    let again = agent.process(&pay_input()).await;
+    let again = agent.process(&pay_input(), &Default::default()).await;
     assert!(again.error.is_none(), "{:?}", again.error);
     assert_eq!(
         first_output(&again)["results"][0]["ok"],
@@ -175,7 +175,7 @@ async fn reconcile_makes_the_call_when_the_remote_never_saw_it() {
     let (payments, base) = payments(1, false).await;
     let (agent, _store) =
         first_run_loses_the_answer(&pay_agent(&base, "reconcile", "/charge/status")).await;
-    let again = agent.process(&pay_input()).await;
+    let again = agent.process(&pay_input(), &Default::default()).await;
     assert!(again.error.is_none(), "{:?}", again.error);
     assert_eq!(payments.asks.load(Ordering::SeqCst), 1);
     assert_eq!(
@@ -192,7 +192,7 @@ async fn reconcile_that_cannot_ask_fails_the_run_and_keeps_the_call_pending() {
     let (payments, base) = payments(1, true).await;
     let (agent, store) =
         first_run_loses_the_answer(&pay_agent(&base, "reconcile", "/broken")).await;
-    let again = agent.process(&pay_input()).await;
+    let again = agent.process(&pay_input(), &Default::default()).await;
     let error = again.error.expect("cannot reconcile").to_string();
     assert!(error.contains("reconciling a call in doubt"), "{error}");
     assert_eq!(recorded(&store), [CallOutcome::Pending]);
@@ -212,7 +212,7 @@ async fn fail_refuses_a_call_in_doubt_and_names_it() {
         .next()
         .expect("a pending record");
     for _ in 0..2 {
-        let again = agent.process(&pay_input()).await;
+        let again = agent.process(&pay_input(), &Default::default()).await;
         let error = again.error.expect("in doubt").to_string();
         assert!(error.contains("call 0 to `pay`"), "{error}");
         assert!(error.contains(&key), "names the idempotency key: {error}");
@@ -235,7 +235,7 @@ async fn retry_writes_nothing_before_the_call_and_calls_again_with_the_same_key(
         recorded(&store).is_empty(),
         "nothing written before the call"
     );
-    let again = agent.process(&pay_input()).await;
+    let again = agent.process(&pay_input(), &Default::default()).await;
     assert!(again.error.is_none(), "{:?}", again.error);
     assert_eq!(payments.posts.load(Ordering::SeqCst), 2, "called again");
     assert_eq!(
@@ -352,10 +352,14 @@ async fn a_custom_function_reconciles_through_its_own_handler() {
         json!({ "calls": [{ "function": "ledger", "args": { "amount": 5 } }] }),
     );
     assert!(
-        agent.process(&line).await.error.is_some(),
+        agent
+            .process(&line, &Default::default())
+            .await
+            .error
+            .is_some(),
         "the answer was lost"
     );
-    let again = agent.process(&line).await;
+    let again = agent.process(&line, &Default::default()).await;
     assert!(again.error.is_none(), "{:?}", again.error);
     assert_eq!(ledger.calls.load(Ordering::SeqCst), 1, "not called again");
     assert_eq!(again.calls.reconciled, 1);

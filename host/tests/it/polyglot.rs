@@ -30,17 +30,21 @@ async fn a_failure_raised_in_the_action_fails_the_run_with_its_text_and_keeps_it
         "memory_set": { "seen": true },
         "fail": "ticket T-9 has no customer",
     });
-    let first = agent.process(&input("k", 1, payload.clone())).await;
+    let first = agent
+        .process(&input("k", 1, payload.clone()), &Default::default())
+        .await;
     let error = first.error.expect("the run fails").to_string();
     assert!(error.contains("ticket T-9 has no customer"), "{error}");
     assert!(first.outputs.is_empty());
     assert_eq!(
-        agent.memory("k").get("seen"),
+        first.memory.get("seen"),
         None,
         "a failed run writes nothing"
     );
 
-    let again = agent.process(&input("k", 1, payload)).await;
+    let again = agent
+        .process(&input("k", 1, payload), &Default::default())
+        .await;
     assert!(again.error.is_some());
     assert_eq!(count.calls(), 1, "the call stays recorded and is served");
 }
@@ -48,7 +52,10 @@ async fn a_failure_raised_in_the_action_fails_the_run_with_its_text_and_keeps_it
 async fn an_error_of_the_action_itself_is_reported_with_what_it_names(caller: &str) {
     let agent = agent_with(&agent_toml(caller, "", ""), memory_store(), &[]);
     let report = agent
-        .process(&input("k", 1, json!({ "colour": "blue" })))
+        .process(
+            &input("k", 1, json!({ "colour": "blue" })),
+            &Default::default(),
+        )
         .await;
     let error = report.error.expect("the run fails").to_string();
     assert!(error.contains("colour"), "{error}");
@@ -60,7 +67,10 @@ async fn an_error_of_the_action_itself_is_reported_with_what_it_names(caller: &s
 async fn a_panic_or_an_exception_fails_the_run_saying_what_and_where(caller: &str) {
     let agent = agent_with(&agent_toml(caller, "", ""), memory_store(), &[]);
     let report = agent
-        .process(&input("k", 1, json!({ "raise": "no route to T-9" })))
+        .process(
+            &input("k", 1, json!({ "raise": "no route to T-9" })),
+            &Default::default(),
+        )
         .await;
     let error = report.error.expect("the run fails").to_string();
     let expected: &[&str] = match caller {
@@ -90,11 +100,14 @@ async fn a_failed_call_reaches_the_action_as_a_call_failure(caller: &str) {
         &[("pay", Counting::failing("card declined"))],
     );
     let report = agent
-        .process(&input(
-            "k",
-            1,
-            json!({ "calls": [{ "function": "pay" }, { "function": "nope" }] }),
-        ))
+        .process(
+            &input(
+                "k",
+                1,
+                json!({ "calls": [{ "function": "pay" }, { "function": "nope" }] }),
+            ),
+            &Default::default(),
+        )
         .await;
     assert!(report.error.is_none(), "{report:?}");
     let results = &first_output(&report)["results"];
@@ -134,7 +147,7 @@ async fn one_agent_runs_rust_python_and_javascript_actions_in_one_pipeline() {
             "cust-ben",
             1,
             json!({ "request_id": "R-1", "text": "I'd like a refund for order B2001, it arrived cracked." }),
-        ))
+        ), &Default::default())
         .await;
     assert!(report.error.is_none(), "{report:?}");
     assert_eq!(report.runs, 3, "intake, classify and resolve ran");

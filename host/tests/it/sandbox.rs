@@ -17,7 +17,9 @@ async fn hostile(mode: &str, limits: &str) -> InputReport {
         memory_store(),
         &[],
     );
-    agent.process(&input("k", 1, json!({ "mode": mode }))).await
+    agent
+        .process(&input("k", 1, json!({ "mode": mode })), &Default::default())
+        .await
 }
 
 #[tokio::test]
@@ -59,7 +61,10 @@ async fn a_run_may_make_only_calls_per_run_calls() {
         .map(|_| json!({"function": "t", "args": {}}))
         .collect();
     let report = agent
-        .process(&input("k", 1, json!({ "calls": calls })))
+        .process(
+            &input("k", 1, json!({ "calls": calls })),
+            &Default::default(),
+        )
         .await;
     let error = error_of(&report);
     assert!(
@@ -74,7 +79,10 @@ async fn a_run_may_take_only_clock_readings_per_run_readings() {
     let toml = agent_toml("caller", "", "[limits]\nclock-readings-per-run = 2\n");
     let agent = agent_with(&toml, memory_store(), &[]);
     let report = agent
-        .process(&input("k", 1, json!({ "ambient": true })))
+        .process(
+            &input("k", 1, json!({ "ambient": true })),
+            &Default::default(),
+        )
         .await;
     let error = error_of(&report);
     assert!(
@@ -85,7 +93,10 @@ async fn a_run_may_take_only_clock_readings_per_run_readings() {
 
     let roomy = agent_toml("caller", "", "[limits]\nclock-readings-per-run = 3\n");
     let report = agent_with(&roomy, memory_store(), &[])
-        .process(&input("k", 1, json!({ "ambient": true })))
+        .process(
+            &input("k", 1, json!({ "ambient": true })),
+            &Default::default(),
+        )
         .await;
     assert!(report.error.is_none(), "{report:?}");
 }
@@ -111,7 +122,10 @@ async fn a_guest_cannot_open_sockets() {
     let port = listener.local_addr().expect("addr").port();
     let agent = agent_with(&agent_toml("hostile", "", ""), memory_store(), &[]);
     let report = agent
-        .process(&input("k", 1, json!({ "mode": "socket", "port": port })))
+        .process(
+            &input("k", 1, json!({ "mode": "socket", "port": port })),
+            &Default::default(),
+        )
         .await;
     assert!(report.error.is_none(), "{report:?}");
     let output = first_output(&report);
@@ -286,7 +300,10 @@ async fn guest_stdout_and_stderr_go_to_the_log_with_the_run_named() {
 
     let agent = agent_with(&agent_toml("hostile", "", ""), memory_store(), &[]);
     let report = agent
-        .process(&input("printer", 4, json!({ "mode": "print" })))
+        .process(
+            &input("printer", 4, json!({ "mode": "print" })),
+            &Default::default(),
+        )
         .await;
     assert!(report.error.is_none(), "{report:?}");
 
@@ -487,7 +504,10 @@ async fn a_tampered_cache_entry_is_compiled_again_not_run() {
     .expect("agent loads");
     // Hostile's code would trap on this input; noop completes.
     let report = agent
-        .process(&input("k", 1, json!({ "mode": "trap" })))
+        .process(
+            &input("k", 1, json!({ "mode": "trap" })),
+            &Default::default(),
+        )
         .await;
     assert!(report.error.is_none(), "the tampered entry ran: {report:?}");
     assert_ne!(
