@@ -62,3 +62,57 @@ pub struct Output {
     /// JSON text.
     pub payload: String,
 }
+
+/// An output as every front end keeps it: a line of `rewind run --output`, a message of a
+/// cluster's output stream, a record of a tenant's journal under `rewind serve`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct OutputRecord {
+    /// [`OutputId`] as text: `TENANT/AGENT/KEY/SEQUENCE/INDEX`.
+    pub id: String,
+    pub tenant: String,
+    pub agent: String,
+    pub key: String,
+    pub sequence: u64,
+    /// Position among the outputs of its input, from 0.
+    pub index: u32,
+    /// The id of the event whose input gave the output, where the front end keeps it
+    /// (`rewind serve` does).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub event_id: Option<String>,
+    pub payload: Box<serde_json::value::RawValue>,
+}
+
+impl OutputRecord {
+    pub fn new(output: &Output, event_id: Option<String>) -> Self {
+        // A sent payload is checked to be JSON; text that is not would be kept as a string.
+        let payload = serde_json::value::RawValue::from_string(output.payload.clone())
+            .or_else(|_| serde_json::value::to_raw_value(&output.payload))
+            .unwrap_or_else(|_| serde_json::value::RawValue::NULL.to_owned());
+        Self {
+            id: output.id.to_string(),
+            tenant: output.id.tenant.clone(),
+            agent: output.id.agent.clone(),
+            key: output.id.key.clone(),
+            sequence: output.id.sequence,
+            index: output.id.index,
+            event_id,
+            payload,
+        }
+    }
+
+    pub fn output_id(&self) -> OutputId {
+        OutputId {
+            tenant: self.tenant.clone(),
+            agent: self.agent.clone(),
+            key: self.key.clone(),
+            sequence: self.sequence,
+            index: self.index,
+        }
+    }
+
+    /// The record as JSON, as every front end writes it.
+    pub fn encode(&self) -> Vec<u8> {
+        // Plain data with a payload that is JSON already: it always serialises.
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+}

@@ -4,10 +4,8 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io::Write;
 
-use serde::Serialize;
-
 use crate::checkpoint::KeyProgress;
-use crate::event::{Output, OutputId};
+use crate::event::{Output, OutputId, OutputRecord};
 
 /// The ids of the outputs a sink has written, by tenant, agent and key: what it drops a
 /// repeat of. A sink serves one agent's run, and forgets the ids of inputs a saved
@@ -73,17 +71,6 @@ impl WrittenIds {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
-}
-
-#[derive(Serialize)]
-struct Line<'a> {
-    id: String,
-    tenant: &'a str,
-    agent: &'a str,
-    key: &'a str,
-    sequence: u64,
-    index: u32,
-    payload: &'a serde_json::value::RawValue,
 }
 
 /// Where outputs go: a writer that can also make what was written durable.
@@ -164,22 +151,8 @@ impl JsonlSink<std::io::BufWriter<std::fs::File>> {
                     .set_len(whole as u64)?;
             }
             for line in text[..whole].split(|&b| b == b'\n') {
-                #[derive(serde::Deserialize)]
-                struct Ids {
-                    tenant: String,
-                    agent: String,
-                    key: String,
-                    sequence: u64,
-                    index: u32,
-                }
-                if let Ok(ids) = serde_json::from_slice::<Ids>(line) {
-                    seen.insert(&OutputId {
-                        tenant: ids.tenant,
-                        agent: ids.agent,
-                        key: ids.key,
-                        sequence: ids.sequence,
-                        index: ids.index,
-                    });
+                if let Ok(record) = serde_json::from_slice::<OutputRecord>(line) {
+                    seen.insert(&record.output_id());
                 }
             }
         }
@@ -207,26 +180,8 @@ impl<W: Write> JsonlSink<W> {
         if !self.seen.insert(&output.id) {
             return Ok(false);
         }
-        let null = serde_json::value::RawValue::NULL;
-        let payload: Box<serde_json::value::RawValue>;
-        let payload_ref =
-            match serde_json::from_str::<Box<serde_json::value::RawValue>>(&output.payload) {
-                Ok(raw) => {
-                    payload = raw;
-                    &*payload
-                }
-                Err(_) => null,
-            };
-        let line = Line {
-            id: output.id.to_string(),
-            tenant: &output.id.tenant,
-            agent: &output.id.agent,
-            key: &output.id.key,
-            sequence: output.id.sequence,
-            index: output.id.index,
-            payload: payload_ref,
-        };
-        serde_json::to_writer(&mut self.writer, &line)?;
+        self.writer
+            .write_all(&OutputRecord::new(output, None).encode())?;
         self.writer.write_all(b"\n")?;
         Ok(true)
     }

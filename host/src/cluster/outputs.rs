@@ -1,5 +1,5 @@
 //! Outputs on JetStream: partition P's outputs are records of stream `PREFIX-out-P`, written
-//! by the partition's holder through a fenced log, one JSON object per output.
+//! by the partition's holder through a fenced log, one [`OutputRecord`] per output.
 //!
 //! Each output is written once: the sink knows the ids written since the checkpoint it
 //! resumed from (it reads them back at open) and drops an output it has written before,
@@ -10,12 +10,11 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use serde::{Deserialize, Serialize};
 
 use super::Layout;
 use crate::agent::{OutputSink, WrittenIds};
 use crate::checkpoint::KeyProgress;
-use crate::event::{Output, OutputId};
+use crate::event::{Output, OutputRecord};
 use crate::log::{Log, StreamSpec};
 
 impl Layout {
@@ -26,30 +25,6 @@ impl Layout {
             self.replicas,
         )
         .group_commit(self.group_commit)
-    }
-}
-
-/// One output as it is on the stream: the line `rewind run --output` writes.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct OutputRecord {
-    pub id: String,
-    pub tenant: String,
-    pub agent: String,
-    pub key: String,
-    pub sequence: u64,
-    pub index: u32,
-    pub payload: Box<serde_json::value::RawValue>,
-}
-
-impl OutputRecord {
-    fn id(&self) -> OutputId {
-        OutputId {
-            tenant: self.tenant.clone(),
-            agent: self.agent.clone(),
-            key: self.key.clone(),
-            sequence: self.sequence,
-            index: self.index,
-        }
     }
 }
 
@@ -90,7 +65,7 @@ impl StreamSink {
     pub async fn open(log: Arc<dyn Log>, from: u64) -> anyhow::Result<Self> {
         let mut seen = WrittenIds::default();
         for (_, output) in read_outputs(&*log, 0, from).await? {
-            seen.insert(&output.id());
+            seen.insert(&output.output_id());
         }
         Ok(Self { log, seen })
     }
@@ -107,20 +82,8 @@ impl OutputSink for StreamSink {
         if self.seen.contains(&output.id) {
             return Ok(false);
         }
-        let payload = serde_json::value::RawValue::from_string(output.payload.clone())
-            .unwrap_or_else(|_| serde_json::value::RawValue::NULL.to_owned());
-        let record = OutputRecord {
-            id: output.id.to_string(),
-            tenant: output.id.tenant.clone(),
-            agent: output.id.agent.clone(),
-            key: output.id.key.clone(),
-            sequence: output.id.sequence,
-            index: output.id.index,
-            payload,
-        };
-        let bytes = serde_json::to_vec(&record).map_err(std::io::Error::other)?;
         self.log
-            .append(0, bytes)
+            .append(0, OutputRecord::new(output, None).encode())
             .await
             .map_err(std::io::Error::other)?;
         self.seen.insert(&output.id);

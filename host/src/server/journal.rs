@@ -13,6 +13,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
+use crate::event::{OutputId, OutputRecord};
 use crate::log::{Log, LogError, Offset, Record};
 
 pub const INPUTS: u32 = 0;
@@ -100,17 +101,55 @@ pub struct CallSummary {
     pub error: Option<String>,
 }
 
-/// An output event that left one of the tenant's agents.
-#[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct OutputRecord {
+/// An output as journals written before outputs had one format hold it: without its id
+/// and tenant (the journal's tenant), which are filled in when it is read.
+#[derive(Deserialize)]
+struct OutputBefore {
+    agent: String,
+    key: String,
+    sequence: u64,
+    index: u32,
+    event_id: String,
+    payload: Box<RawValue>,
+}
+
+/// Where an output of the journal stands among its input's: what recovery needs of it,
+/// in either format.
+#[derive(Deserialize)]
+pub struct OutputPlace {
     pub agent: String,
     pub key: String,
     pub sequence: u64,
-    /// Position among the outputs of its input, from 0.
     pub index: u32,
-    pub event_id: String,
-    #[schema(value_type = Object)]
-    pub payload: Box<RawValue>,
+}
+
+/// Decodes an output of `tenant`'s journal, in the format every front end writes or the
+/// one journals were written in before.
+pub fn decode_output(tenant: &str, record: &Record) -> Result<OutputRecord, JournalError> {
+    let current = decode::<OutputRecord>(OUTPUTS, record);
+    if current.is_ok() {
+        return current;
+    }
+    let Ok(before) = serde_json::from_slice::<OutputBefore>(&record.payload) else {
+        return current;
+    };
+    let id = OutputId {
+        tenant: tenant.to_owned(),
+        agent: before.agent,
+        key: before.key,
+        sequence: before.sequence,
+        index: before.index,
+    };
+    Ok(OutputRecord {
+        id: id.to_string(),
+        tenant: id.tenant,
+        agent: id.agent,
+        key: id.key,
+        sequence: id.sequence,
+        index: id.index,
+        event_id: Some(before.event_id),
+        payload: before.payload,
+    })
 }
 
 impl InputRecord {
@@ -130,12 +169,6 @@ impl Finished {
             Finished(&'a Finished),
         }
         serde_json::to_vec(&Tagged::Finished(self)).unwrap_or_default()
-    }
-}
-
-impl OutputRecord {
-    pub fn encode(&self) -> Vec<u8> {
-        serde_json::to_vec(self).unwrap_or_default()
     }
 }
 
@@ -201,4 +234,50 @@ pub fn now_ms() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
         .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(payload: &str) -> Record {
+        Record {
+            offset: 7,
+            payload: payload.as_bytes().to_vec(),
+        }
+    }
+
+    #[test]
+    fn an_output_reads_in_the_one_format_and_in_the_one_journals_had_before() {
+        let output = crate::event::Output {
+            id: OutputId {
+                tenant: "acme".to_owned(),
+                agent: "bot".to_owned(),
+                key: "k".to_owned(),
+                sequence: 3,
+                index: 1,
+            },
+            payload: r#"{"ok":true}"#.to_owned(),
+        };
+        let written = OutputRecord::new(&output, Some("e-1".to_owned())).encode();
+        let text = std::str::from_utf8(&written).expect("JSON");
+        let read = decode_output("acme", &record(text)).expect("the one format");
+        assert_eq!(read.encode(), written);
+
+        // As journals wrote outputs before: no id, no tenant.
+        let before = r#"{"agent":"bot","key":"k","sequence":3,"index":1,"event_id":"e-1","payload":{"ok":true}}"#;
+        let read = decode_output("acme", &record(before)).expect("the format before");
+        assert_eq!(
+            read.encode(),
+            written,
+            "{}",
+            String::from_utf8_lossy(&read.encode())
+        );
+
+        let error = decode_output("acme", &record(r#"{"agent":"bot"}"#)).expect_err("neither");
+        assert!(
+            error.to_string().contains("partition 1, offset 7"),
+            "{error}"
+        );
+    }
 }

@@ -16,11 +16,11 @@ use super::agents::{Builder, DefineError, Version, Versions};
 use super::config::TenantPolicy;
 use super::journal::{
     self, Accepted, ActionSummary, CallSummary, Finished, INPUTS, InputRecord, InputStatus,
-    JournalError, OUTPUTS, OutputRecord,
+    JournalError, OUTPUTS, OutputPlace,
 };
 use super::quota::{PerMinute, QuotaExceeded};
 use crate::agent::Agent;
-use crate::event::Input;
+use crate::event::{Input, OutputRecord};
 use crate::log::{FileLog, FileLogOptions, Log, LogError, Offset, Recovery};
 use crate::sandbox::Sandbox;
 use crate::state_dir::{StateDirError, incarnation_of};
@@ -189,12 +189,38 @@ pub struct HistoryEntry {
     pub actions: Vec<ActionSummary>,
 }
 
-/// An output and its position in the tenant's output stream.
+/// An output and its position in the tenant's output stream, as the API shows it.
 #[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
 pub struct PositionedOutput {
     pub position: u64,
-    #[serde(flatten)]
-    pub output: OutputRecord,
+    /// `TENANT/AGENT/KEY/SEQUENCE/INDEX`: names the output among every output.
+    pub id: String,
+    pub tenant: String,
+    pub agent: String,
+    pub key: String,
+    pub sequence: u64,
+    /// Position among the outputs of its input, from 0.
+    pub index: u32,
+    /// The id of the event whose input gave the output.
+    pub event_id: String,
+    #[schema(value_type = Object)]
+    pub payload: Box<RawValue>,
+}
+
+impl PositionedOutput {
+    fn new(position: u64, output: OutputRecord) -> Self {
+        Self {
+            position,
+            id: output.id,
+            tenant: output.tenant,
+            agent: output.agent,
+            key: output.key,
+            sequence: output.sequence,
+            index: output.index,
+            event_id: output.event_id.unwrap_or_default(),
+            payload: output.payload,
+        }
+    }
 }
 
 /// An accepted event, for retried submissions.
@@ -497,7 +523,7 @@ impl TenantRuntime {
             .map_err(|e| journal_error(e.into()))?;
         self.outputs.send_replace(end);
         if !pending.is_empty() {
-            journal::scan::<OutputRecord>(&*self.journal, OUTPUTS, |_, output| {
+            journal::scan::<OutputPlace>(&*self.journal, OUTPUTS, |_, output| {
                 if pending.contains_key(&(
                     output.agent.clone(),
                     output.key.clone(),
@@ -948,16 +974,7 @@ impl TenantRuntime {
                 if inner.written.contains(&id) {
                     continue;
                 }
-                let payload = RawValue::from_string(output.payload.clone())
-                    .unwrap_or_else(|_| json_string(&output.payload));
-                let record = OutputRecord {
-                    agent: agent_name.to_owned(),
-                    key: key.to_owned(),
-                    sequence,
-                    index: output.id.index,
-                    event_id: queued.event_id.clone(),
-                    payload,
-                };
+                let record = OutputRecord::new(output, Some(queued.event_id.clone()));
                 records.push((OUTPUTS, record.encode()));
             }
         }
@@ -1136,10 +1153,10 @@ impl TenantRuntime {
         records
             .iter()
             .map(|record| {
-                Ok(PositionedOutput {
-                    position: record.offset + 1,
-                    output: journal::decode(OUTPUTS, record)?,
-                })
+                Ok(PositionedOutput::new(
+                    record.offset + 1,
+                    journal::decode_output(&self.name, record)?,
+                ))
             })
             .collect()
     }
@@ -1284,12 +1301,6 @@ fn digest(key: &str, payload: &RawValue) -> [u8; 32] {
     hasher.update(key.as_bytes());
     hasher.update(canonical.as_bytes());
     hasher.finalize().into()
-}
-
-/// `text` as a JSON string (an output payload that is not JSON, which the guest SDKs never
-/// send, is still delivered).
-fn json_string(text: &str) -> Box<RawValue> {
-    serde_json::value::to_raw_value(text).unwrap_or_default()
 }
 
 /// Bytes of the files under `dir`, each file counted once however many links it has.

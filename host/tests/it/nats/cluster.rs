@@ -8,8 +8,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use rewind_host::cluster::outputs::{OutputRecord, read_outputs};
+use rewind_host::cluster::outputs::read_outputs;
 use rewind_host::cluster::{Layout, inputs};
+use rewind_host::event::OutputRecord;
 use rewind_host::log::{JetStreamLog, connect_nats};
 use rewind_host::testing::nats::NatsServers;
 use serde_json::{Value, json};
