@@ -58,6 +58,24 @@ impl WrittenIds {
         }
     }
 
+    /// Forgets the outputs of input `sequence` of `tenant`'s `agent` under `key` (it
+    /// finished: it does not run again).
+    pub fn forget_input(&mut self, tenant: &str, agent: &str, key: &str, sequence: u64) {
+        let Some(keys) = self
+            .0
+            .get_mut(tenant)
+            .and_then(|agents| agents.get_mut(agent))
+        else {
+            return;
+        };
+        if let Some(outputs) = keys.get_mut(key) {
+            outputs.retain(|&(s, _)| s != sequence);
+            if outputs.is_empty() {
+                keys.remove(key);
+            }
+        }
+    }
+
     /// How many ids are kept.
     pub fn len(&self) -> usize {
         self.0
@@ -250,5 +268,21 @@ mod tests {
         );
         written.forget_completed(&BTreeMap::from([("k".to_owned(), progress(6))]));
         assert_eq!(written.len(), 1);
+    }
+
+    #[test]
+    fn written_ids_forget_one_finished_input() {
+        let mut written = WrittenIds::default();
+        for sequence in 1..=3 {
+            assert!(written.insert(&id("k", sequence, 0)));
+            assert!(written.insert(&id("k", sequence, 1)));
+        }
+        written.forget_input("t", "a", "k", 2);
+        assert_eq!(written.len(), 4);
+        assert!(!written.contains(&id("k", 2, 0)) && !written.contains(&id("k", 2, 1)));
+        assert!(written.contains(&id("k", 1, 1)) && written.contains(&id("k", 3, 0)));
+        written.forget_input("t", "a", "absent", 1);
+        written.forget_input("other", "a", "k", 1);
+        assert_eq!(written.len(), 4, "another key or tenant keeps its own");
     }
 }

@@ -19,8 +19,8 @@ use super::journal::{
     JournalError, OUTPUTS, OutputPlace,
 };
 use super::quota::{PerMinute, QuotaExceeded};
-use crate::agent::Agent;
-use crate::event::{Input, OutputRecord};
+use crate::agent::{Agent, WrittenIds};
+use crate::event::{Input, OutputId, OutputRecord};
 use crate::log::{FileLog, FileLogOptions, Log, LogError, Offset, Recovery};
 use crate::sandbox::Sandbox;
 use crate::state_dir::{StateDirError, incarnation_of};
@@ -283,8 +283,8 @@ struct Inner {
     /// Accepted and not finished.
     in_flight: u64,
     /// Outputs found in the journal for inputs that had not finished when the server
-    /// stopped: (agent, key, sequence, index). Their rerun does not write them again.
-    written: HashSet<(String, String, u64, u32)>,
+    /// stopped. Their rerun does not write them again.
+    written: WrittenIds,
 }
 
 /// A tenant's runtime.
@@ -529,9 +529,13 @@ impl TenantRuntime {
                     output.key.clone(),
                     output.sequence,
                 )) {
-                    inner
-                        .written
-                        .insert((output.agent, output.key, output.sequence, output.index));
+                    inner.written.insert(&OutputId {
+                        tenant: self.name.clone(),
+                        agent: output.agent,
+                        key: output.key,
+                        sequence: output.sequence,
+                        index: output.index,
+                    });
                 }
             })
             .await
@@ -965,13 +969,7 @@ impl TenantRuntime {
         {
             let inner = self.lock();
             for output in &outputs {
-                let id = (
-                    agent_name.to_owned(),
-                    key.to_owned(),
-                    sequence,
-                    output.id.index,
-                );
-                if inner.written.contains(&id) {
+                if inner.written.contains(&output.id) {
                     continue;
                 }
                 let record = OutputRecord::new(output, Some(queued.event_id.clone()));
@@ -1023,7 +1021,7 @@ impl TenantRuntime {
             inner.in_flight = inner.in_flight.saturating_sub(1);
             inner
                 .written
-                .retain(|(a, k, s, _)| !(a == agent_name && k == key && *s == sequence));
+                .forget_input(&self.name, agent_name, key, sequence);
             if let Some(state) = inner.keys.get_mut(&(agent_name.to_owned(), key.to_owned())) {
                 state.memory = memory;
                 state.running = None;

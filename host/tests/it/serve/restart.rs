@@ -123,3 +123,66 @@ async fn a_server_killed_mid_run_loses_no_event_and_repeats_no_recorded_call() {
         .expect("waits");
     assert!(status.success(), "a clean stop on SIGTERM: {status}");
 }
+
+/// A server that stopped between an input's outputs and its `finished` record (two appends
+/// to the journal), in a build that wrote outputs without id or tenant: at the next start
+/// the input runs again, and its output is in the stream once, as it was first written.
+#[tokio::test]
+async fn an_output_written_before_its_input_finished_is_not_written_again() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = super::Server::start(dir.path(), "").await;
+    let token = server.tenant("acme").await;
+    server.deploy("acme", &token, "bot", "caller", "").await;
+    server.stop().await;
+    {
+        // What such a stop leaves: the event accepted, its output, no `finished`.
+        let (journal, _) = rewind_host::log::FileLog::open(
+            &dir.path().join("tenants/acme/journal"),
+            rewind_host::log::FileLogOptions {
+                partitions: 2,
+                ..rewind_host::log::FileLogOptions::default()
+            },
+        )
+        .expect("the journal opens");
+        let accepted = json!({ "accepted": { "agent": "bot", "event_id": "e-1", "key": "k",
+            "sequence": 1, "version": 1, "payload": {}, "accepted_at": 0 } });
+        let output = json!({ "agent": "bot", "key": "k", "sequence": 1, "index": 0,
+            "event_id": "e-1", "payload": { "written": "before the stop" } });
+        use rewind_host::log::Log as _;
+        journal
+            .append(0, accepted.to_string().into_bytes())
+            .await
+            .expect("accepted");
+        journal
+            .append(1, output.to_string().into_bytes())
+            .await
+            .expect("output");
+    }
+    let server = super::Server::start(dir.path(), "").await;
+    // An event behind it on the key: its output comes after the rerun's.
+    let (status, body) = server
+        .submit("acme", &token, "bot", "e-2", "k", json!({}))
+        .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    let outputs = server.wait_outputs("acme", &token, 2).await;
+    let events: Vec<&str> = outputs
+        .iter()
+        .map(|o| o["event_id"].as_str().unwrap_or_default())
+        .collect();
+    assert_eq!(
+        events,
+        ["e-1", "e-2"],
+        "each input's output once: {outputs:?}"
+    );
+    assert_eq!(
+        outputs[0]["payload"],
+        json!({ "written": "before the stop" })
+    );
+    assert_eq!(outputs[0]["id"], "acme/bot/k/1/0", "{outputs:?}");
+    let history = server.settled_history("acme", &token, "bot", "k").await;
+    assert_eq!(
+        history["inputs"].as_array().map(Vec::len),
+        Some(2),
+        "{history}"
+    );
+}
