@@ -457,8 +457,8 @@ impl Lease {
     }
 
     /// The lease's revision if its key holds this lease (this host's holding, this token).
-    async fn entry(&self) -> Result<Option<u64>, String> {
-        let entry = self.kv.entry(&self.key).await.map_err(|e| e.to_string())?;
+    async fn entry(&self) -> Result<Option<u64>, kv::EntryError> {
+        let entry = self.kv.entry(&self.key).await?;
         Ok(entry.and_then(|entry| {
             let mine = entry.operation == Operation::Put
                 && serde_json::from_slice::<Holding>(&entry.value)
@@ -493,7 +493,7 @@ impl Lease {
 
 #[async_trait]
 impl Authority for Lease {
-    async fn holds(&self) -> Result<bool, String> {
+    async fn holds(&self) -> Result<bool, async_nats::Error> {
         Ok(self.entry().await?.is_some())
     }
 }

@@ -44,9 +44,9 @@ pub enum InDoubtPolicy {
 ///
 /// Asked once for each call that is about to go out; calls served from records are free.
 pub trait CallBudget: Send + Sync + std::fmt::Debug {
-    /// Takes one call from the budget, or says why it is spent (the message is what the
-    /// guest sees in [`CallError::Denied`]).
-    fn take(&self) -> Result<(), String>;
+    /// Takes one call from the budget, or says why it is spent (the error's text is what
+    /// the guest sees in [`CallError::Denied`]).
+    fn take(&self) -> Result<(), Box<dyn std::error::Error + Send + Sync>>;
 }
 
 /// How an agent's durable calls behave.
@@ -314,9 +314,9 @@ impl DurableCalls {
         // Not served from a record: the call is (or was) made, under its idempotency key,
         // if the budget allows. A denial takes no index, like the refusals above.
         if let Some(budget) = &self.policy.budget
-            && let Err(message) = budget.take()
+            && let Err(spent) = budget.take()
         {
-            return Ok(Err(CallError::Denied(message)));
+            return Ok(Err(CallError::Denied(spent.to_string())));
         }
         let key = match &pending {
             Some(key) => key.clone(),

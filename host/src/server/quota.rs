@@ -284,8 +284,8 @@ impl PerMinute {
 }
 
 impl CallBudget for PerMinute {
-    fn take(&self) -> Result<(), String> {
-        self.take_one().map_err(|e| e.to_string())
+    fn take(&self) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+        Ok(self.take_one()?)
     }
 }
 
@@ -404,7 +404,10 @@ mod tests {
         let budget = PerMinute::calls(2);
         assert!(budget.take().is_ok() && budget.take().is_ok());
         let denied = budget.take().expect_err("spent");
-        assert!(denied.contains("calls-per-minute"), "{denied}");
+        let quota = denied
+            .downcast_ref::<QuotaExceeded>()
+            .expect("the quota it ran into");
+        assert_eq!(quota.quota, "calls-per-minute", "{denied}");
         assert_eq!(budget.check().expect_err("spent").quota, "calls-per-minute");
     }
 }

@@ -22,7 +22,7 @@ pub struct SoleHolder;
 
 #[async_trait]
 impl Authority for SoleHolder {
-    async fn holds(&self) -> Result<bool, String> {
+    async fn holds(&self) -> Result<bool, async_nats::Error> {
         Ok(true)
     }
 }

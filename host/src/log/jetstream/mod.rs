@@ -104,8 +104,9 @@ pub const CONSUMER_WITHIN: Duration = Duration::from_secs(2);
 pub trait Authority: Send + Sync + fmt::Debug {
     /// Whether this host still holds the partition. Asked after the stream's last message
     /// has been read, so a holder that says yes has not been fenced before that read.
-    /// `Ok(false)` fences the log for good; `Err` is retried.
-    async fn holds(&self) -> Result<bool, String>;
+    /// `Ok(false)` fences the log for good; `Err` (the request that could not tell, with
+    /// its cause) is retried.
+    async fn holds(&self) -> Result<bool, async_nats::Error>;
 }
 
 /// One partition's stream: its name and the subject its records are published on. The

@@ -46,7 +46,7 @@ struct Host {
 
 #[async_trait]
 impl Authority for Host {
-    async fn holds(&self) -> Result<bool, String> {
+    async fn holds(&self) -> Result<bool, async_nats::Error> {
         Ok(*self.holder.0.lock().expect("holder") == self.name)
     }
 }
@@ -786,7 +786,7 @@ struct Overtaken {
 
 #[async_trait]
 impl Authority for Overtaken {
-    async fn holds(&self) -> Result<bool, String> {
+    async fn holds(&self) -> Result<bool, async_nats::Error> {
         let holds = *self.holder.0.lock().expect("holder") == "a";
         if self.armed.swap(false, std::sync::atomic::Ordering::AcqRel) {
             let successor = open(&self.url, "b", &self.holder).await;
@@ -878,9 +878,9 @@ struct Unreachable {
 
 #[async_trait]
 impl Authority for Unreachable {
-    async fn holds(&self) -> Result<bool, String> {
+    async fn holds(&self) -> Result<bool, async_nats::Error> {
         if self.silent.load(std::sync::atomic::Ordering::Acquire) {
-            return Err("the lease bucket does not answer".to_owned());
+            return Err("the lease bucket does not answer".into());
         }
         Ok(*self.holder.0.lock().expect("holder") == "a")
     }
