@@ -22,6 +22,7 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
 use super::Layout;
+use super::error::ClusterError;
 use super::lease::{Created, create_or_read, open_bucket};
 use crate::agent::input::InputLine;
 use crate::durable::digest::input_trigger;
@@ -62,7 +63,7 @@ impl Layout {
 
 impl Events {
     /// Opens (creating it when new) the cluster's bucket of event ids.
-    pub async fn open(context: &jetstream::Context, layout: &Layout) -> anyhow::Result<Self> {
+    pub async fn open(context: &jetstream::Context, layout: &Layout) -> Result<Self, ClusterError> {
         let bucket = layout.events_bucket();
         let kv = open_bucket(context, &bucket, layout.replicas, "event id bucket").await?;
         Ok(Self { kv, bucket })
@@ -78,7 +79,7 @@ impl Events {
         partition: u32,
         position: u64,
         input: &InputLine,
-    ) -> anyhow::Result<Verdict> {
+    ) -> Result<Verdict, ClusterError> {
         let Some(id) = &input.id else {
             return Ok(Verdict::First);
         };
@@ -91,14 +92,16 @@ impl Events {
             digest: Digest::of(&[input.key.as_bytes(), &input_trigger(&input.payload).0])
                 .to_string(),
         };
-        let value = Bytes::from(serde_json::to_vec(&seen)?);
+        let value = Bytes::from(
+            serde_json::to_vec(&seen).map_err(ClusterError::record("an event id's entry"))?,
+        );
         let what = format!("{}: recording event {id:?}", self.bucket);
         Ok(match create_or_read(&self.kv, &key, &value, &what).await? {
             Created::Made(_) => Verdict::First,
             Created::Found(entry) => {
-                let first: Seen = serde_json::from_slice(&entry.value).map_err(|e| {
-                    anyhow::anyhow!("{}: the entry of event {id:?}: {e}", self.bucket)
-                })?;
+                let first: Seen = serde_json::from_slice(&entry.value).map_err(
+                    ClusterError::record(format!("{}: the entry of event {id:?}", self.bucket)),
+                )?;
                 judge(&first, &seen)
             }
         })

@@ -21,6 +21,7 @@ use serde::Serialize;
 use tokio::sync::mpsc;
 
 use super::Layout;
+use super::error::{ClusterError, ensure};
 use super::events::{Events, Verdict};
 use crate::agent::Retention;
 use crate::agent::input::{InputLine, LineError, MAX_EVENT_ID, parse_line};
@@ -29,16 +30,14 @@ use crate::log::jetstream::ensure_stream;
 use crate::store::{Digest, KeyScope};
 
 /// Whether `name` can be a subject token: letters, digits, `-` and `_`.
-pub fn check_token(what: &str, name: &str) -> anyhow::Result<()> {
+pub fn check_token(what: &str, name: &str) -> Result<(), ClusterError> {
     let valid = !name.is_empty()
         && name
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
-    anyhow::ensure!(
-        valid,
-        "{what} `{name}` cannot name a subject: use letters, digits, `-` and `_`"
-    );
-    Ok(())
+    ensure(valid, || {
+        format!("{what} `{name}` cannot name a subject: use letters, digits, `-` and `_`")
+    })
 }
 
 impl Layout {
@@ -51,7 +50,10 @@ impl Layout {
     }
 
     /// Creates the input streams that do not exist.
-    pub async fn create_input_streams(&self, context: &jetstream::Context) -> anyhow::Result<()> {
+    pub async fn create_input_streams(
+        &self,
+        context: &jetstream::Context,
+    ) -> Result<(), ClusterError> {
         for partition in 0..self.partitions {
             let config = stream::Config {
                 name: self.input_stream(partition),
@@ -59,7 +61,9 @@ impl Layout {
                 num_replicas: self.replicas,
                 ..stream::Config::default()
             };
-            ensure_stream(context, &config).await?;
+            ensure_stream(context, &config)
+                .await
+                .map_err(ClusterError::log(format!("making {}", config.name)))?;
         }
         Ok(())
     }
@@ -97,23 +101,25 @@ pub async fn publish(
     id: &str,
     key: &str,
     payload: &str,
-) -> anyhow::Result<Published> {
+) -> Result<Published, ClusterError> {
     check_token("tenant", tenant)?;
     check_token("agent", agent)?;
-    anyhow::ensure!(!key.is_empty(), "the key is empty");
-    anyhow::ensure!(
-        !id.is_empty() && id.len() <= MAX_EVENT_ID,
-        "the event id is {} bytes: an event id is 1 to {MAX_EVENT_ID} bytes",
-        id.len()
-    );
+    ensure(!key.is_empty(), || "the key is empty".to_owned())?;
+    ensure(!id.is_empty() && id.len() <= MAX_EVENT_ID, || {
+        format!(
+            "the event id is {} bytes: an event id is 1 to {MAX_EVENT_ID} bytes",
+            id.len()
+        )
+    })?;
     let payload: Box<serde_json::value::RawValue> = serde_json::from_str(payload)
-        .map_err(|e| anyhow::anyhow!("the payload is not JSON: {e}"))?;
+        .map_err(|e| ClusterError::Refused(format!("the payload is not JSON: {e}")))?;
     let partition = KeyScope::new(tenant, agent, key).partition(layout.partitions);
     let line = serde_json::to_vec(&Line {
         id,
         key,
         payload: &payload,
-    })?;
+    })
+    .map_err(ClusterError::record("an input's line"))?;
     // A header value of the id's digest: the id may hold any character.
     let message_id = Digest::of(&[tenant.as_bytes(), agent.as_bytes(), id.as_bytes()]);
     let message = PublishMessage::build()
@@ -123,9 +129,9 @@ pub async fn publish(
     let ack = context
         .send_publish(subject.clone(), message)
         .await
-        .map_err(|e| anyhow::anyhow!("publishing to {subject}: {e}"))?
+        .map_err(ClusterError::nats(format!("publishing to {subject}")))?
         .await
-        .map_err(|e| anyhow::anyhow!("publishing to {subject}: {e}"))?;
+        .map_err(ClusterError::nats(format!("publishing to {subject}")))?;
     Ok(Published {
         partition,
         position: ack.sequence,
@@ -169,14 +175,16 @@ pub async fn subscribe(
     agent: &str,
     partition: u32,
     after: u64,
-) -> anyhow::Result<BoxStream<'static, Result<InputLine, LineError>>> {
+) -> Result<BoxStream<'static, Result<InputLine, LineError>>, ClusterError> {
     let name = layout.input_stream(partition);
     let subject = layout.input_subject(tenant, agent, partition);
     let wake = context
         .client()
         .subscribe(subject.clone())
         .await
-        .map_err(|e| anyhow::anyhow!("{name}: subscribing to {subject}: {e}"))?;
+        .map_err(ClusterError::nats(format!(
+            "{name}: subscribing to {subject}"
+        )))?;
     let (inputs, queue) = mpsc::channel(256);
     let reader = Reader {
         context: context.clone(),

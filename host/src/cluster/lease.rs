@@ -22,6 +22,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
+use super::error::ClusterError;
 use crate::log::Authority;
 use crate::log::jetstream::{RETRY_FOR, backoff, ensure_stream, retrying};
 
@@ -88,7 +89,7 @@ pub(super) async fn open_bucket(
     bucket: &str,
     replicas: usize,
     what: &str,
-) -> anyhow::Result<kv::Store> {
+) -> Result<kv::Store, ClusterError> {
     // The bucket's stream, as async-nats would make it; its own `create_key_value` first
     // asks for account details that nats-server 2.9 answers in a shape it does not read.
     let config = stream::Config {
@@ -108,11 +109,12 @@ pub(super) async fn open_bucket(
     };
     ensure_stream(context, &config)
         .await
-        .map_err(|e| anyhow::anyhow!("making the {what} {bucket}: {e}"))?;
-    Ok(retrying(&format!("opening the {what} {bucket}"), || {
+        .map_err(ClusterError::log(format!("making the {what} {bucket}")))?;
+    retrying(&format!("opening the {what} {bucket}"), || {
         context.get_key_value(bucket)
     })
-    .await?)
+    .await
+    .map_err(ClusterError::log(format!("opening the {what} {bucket}")))
 }
 
 /// What [`create_or_read`] found.
@@ -133,7 +135,7 @@ pub(super) async fn create_or_read(
     key: &str,
     value: &Bytes,
     what: &str,
-) -> anyhow::Result<Created> {
+) -> Result<Created, ClusterError> {
     let started = Instant::now();
     let mut attempt = 0;
     loop {
@@ -148,10 +150,12 @@ pub(super) async fn create_or_read(
             },
             Err(e) => e.to_string(),
         };
-        anyhow::ensure!(
-            started.elapsed() < RETRY_FOR,
-            "{what} (retried for {RETRY_FOR:?}): {failed}"
-        );
+        if started.elapsed() >= RETRY_FOR {
+            return Err(ClusterError::Nats {
+                what: format!("{what} (retried for {RETRY_FOR:?})"),
+                source: failed.into(),
+            });
+        }
         attempt += 1;
         tracing::debug!(attempt, "{what}: {failed}; retrying");
         tokio::time::sleep(backoff(attempt)).await;
@@ -170,7 +174,7 @@ impl Leases {
         replicas: usize,
         host: &str,
         ttl: Duration,
-    ) -> anyhow::Result<Self> {
+    ) -> Result<Self, ClusterError> {
         let kv = open_bucket(context, bucket, replicas, "lease bucket").await?;
         Ok(Self {
             kv,
@@ -202,7 +206,7 @@ impl Leases {
     /// NATS), it was taken for dead, and a host started under its name took the name over.
     /// Two hosts must not go by one name, so this one is to stop. NATS not answering is no
     /// error: the next beat tries again.
-    pub async fn heartbeat(&mut self) -> anyhow::Result<()> {
+    pub async fn heartbeat(&mut self) -> Result<(), ClusterError> {
         let key = self.host_key();
         let failed = match self.kv.update(&key, self.instance.clone(), self.beat).await {
             Ok(revision) => {
@@ -216,13 +220,14 @@ impl Leases {
                         self.beat = revision;
                         return Ok(());
                     }
-                    Ok(None) => anyhow::bail!(
-                        "another process goes by this host's name `{}` now: this host's \
-                         heartbeat stopped for longer than the lease TTL ({:?}), and a host \
-                         started under its name took the name over; this host stops",
-                        self.host,
-                        self.ttl
-                    ),
+                    Ok(None) => {
+                        return Err(ClusterError::Refused(format!(
+                            "another process goes by this host's name `{}` now: this host's \
+                             heartbeat stopped for longer than the lease TTL ({:?}), and a \
+                             host started under its name took the name over; this host stops",
+                            self.host, self.ttl
+                        )));
+                    }
                     Err(e) => e.to_string(),
                 }
             }
@@ -234,20 +239,25 @@ impl Leases {
 
     /// How many hosts are alive: this one, and those whose heartbeat moved within a TTL
     /// as this host has seen.
-    pub async fn live_hosts(&mut self) -> anyhow::Result<u32> {
+    pub async fn live_hosts(&mut self) -> Result<u32, ClusterError> {
         use futures_util::TryStreamExt as _;
+        let bucket = self.bucket.clone();
+        let counting = || format!("{bucket}: counting live hosts");
         // The keys from the stream's subjects, not from a consumer: nats-server 2.9 may
         // place a consumer on a server that has died.
         let stream = self
             .context
             .get_stream_no_info(format!("KV_{}", self.bucket))
-            .await?;
+            .await
+            .map_err(ClusterError::nats(counting()))?;
         let prefix = format!("$KV.{}.", self.bucket);
         let subjects: Vec<(String, usize)> = stream
             .info_with_subjects(format!("{prefix}host.*"))
-            .await?
+            .await
+            .map_err(ClusterError::nats(counting()))?
             .try_collect()
-            .await?;
+            .await
+            .map_err(ClusterError::nats(counting()))?;
         let mine = self.host_key();
         let mut live = 1;
         for (subject, _) in subjects {
@@ -257,7 +267,12 @@ impl Leases {
             if key == mine {
                 continue;
             }
-            let Some(entry) = self.kv.entry(key).await? else {
+            let Some(entry) = self
+                .kv
+                .entry(key)
+                .await
+                .map_err(ClusterError::nats(counting()))?
+            else {
                 continue;
             };
             if entry.operation == Operation::Put && !self.expired(key, entry.revision) {
@@ -272,15 +287,14 @@ impl Leases {
     /// of hosts starting together under one name, one gets it). A name whose heartbeat key
     /// is there is watched for a TTL: it is refused at the key's first move, and taken over
     /// (compare-and-set) when it does not move: its host died.
-    pub async fn claim_name(&mut self, cluster: &str) -> anyhow::Result<()> {
+    pub async fn claim_name(&mut self, cluster: &str) -> Result<(), ClusterError> {
         let key = self.host_key();
         let alive = || {
-            anyhow::anyhow!(
+            ClusterError::Refused(format!(
                 "a host named `{}` is alive in cluster `{cluster}` (its heartbeat moved within \
                  the last {:?}): give this host another --host name",
-                self.host,
-                self.ttl
-            )
+                self.host, self.ttl
+            ))
         };
         let what = format!("claiming host name `{}` in cluster `{cluster}`", self.host);
         let found = match create_or_read(&self.kv, &key, &self.instance, &what).await? {
@@ -298,7 +312,9 @@ impl Leases {
         let watched = Instant::now();
         while watched.elapsed() < self.ttl {
             tokio::time::sleep(self.ttl / 10).await;
-            let entry = retrying(&what, || self.kv.entry(&key)).await?;
+            let entry = retrying(&what, || self.kv.entry(&key))
+                .await
+                .map_err(ClusterError::log(&what))?;
             match entry {
                 Some(entry) if entry.revision == found => {}
                 // Moved: a heartbeat, or the host leaving just now.
@@ -312,13 +328,15 @@ impl Leases {
                 Err(e) => Err(e),
             }
         })
-        .await?;
+        .await
+        .map_err(ClusterError::log(&what))?;
         // Not taken: another host's heartbeat moved the key, or this host's update landed
         // and its answer was lost (then the key holds this host's instance).
         self.beat = match taken {
             Some(revision) => revision,
             None => retrying(&what, || self.own_revision(&key))
-                .await?
+                .await
+                .map_err(ClusterError::log(&what))?
                 .ok_or_else(alive)?,
         };
         Ok(())
@@ -336,11 +354,13 @@ impl Leases {
     }
 
     /// Records that this cluster runs `tenant`'s `agent` (for publishers to check).
-    pub async fn runs(&self, tenant: &str, agent: &str) -> anyhow::Result<()> {
+    pub async fn runs(&self, tenant: &str, agent: &str) -> Result<(), ClusterError> {
         self.kv
             .put(agent_key(tenant, agent), Bytes::new())
             .await
-            .map_err(|e| anyhow::anyhow!("recording agent {tenant}/{agent}: {e}"))?;
+            .map_err(ClusterError::nats(format!(
+                "recording agent {tenant}/{agent}"
+            )))?;
         Ok(())
     }
 
@@ -353,19 +373,27 @@ impl Leases {
 
     /// Tries to take partition `partition`: when its lease was never taken, was released,
     /// or has expired. `Ok(None)`: another host holds it (or won the race).
-    pub async fn try_acquire(&mut self, partition: u32) -> anyhow::Result<Option<Lease>> {
+    pub async fn try_acquire(&mut self, partition: u32) -> Result<Option<Lease>, ClusterError> {
         let key = key(partition);
+        let bucket = self.bucket.clone();
+        let taking = || format!("{bucket}: taking {key}");
         let holding = Holding {
             holder: self.host.clone(),
             token: format!("{:032x}", rand::random::<u128>()),
         };
-        let value = Bytes::from(serde_json::to_vec(&holding)?);
-        let entry = self.kv.entry(&key).await?;
+        let value = Bytes::from(
+            serde_json::to_vec(&holding).map_err(ClusterError::record("a lease's holding"))?,
+        );
+        let entry = self
+            .kv
+            .entry(&key)
+            .await
+            .map_err(ClusterError::nats(taking()))?;
         let won = match entry {
             None => match self.kv.create(&key, value).await {
                 Ok(revision) => Some(revision),
                 Err(e) if e.kind() == CreateErrorKind::AlreadyExists => None,
-                Err(e) => return Err(e.into()),
+                Err(e) => return Err(ClusterError::nats(taking())(e)),
             },
             Some(entry) => {
                 let free = entry.operation != Operation::Put || self.expired(&key, entry.revision);
@@ -375,7 +403,7 @@ impl Leases {
                 match self.kv.update(&key, value, entry.revision).await {
                     Ok(revision) => Some(revision),
                     Err(e) if e.kind() == UpdateErrorKind::WrongLastRevision => None,
-                    Err(e) => return Err(e.into()),
+                    Err(e) => return Err(ClusterError::nats(taking())(e)),
                 }
             }
         };
@@ -405,10 +433,12 @@ impl Leases {
     }
 
     /// The hosts holding each partition of `0..partitions`, as the bucket says now.
-    pub async fn holders(&self, partitions: u32) -> anyhow::Result<Vec<Option<String>>> {
+    pub async fn holders(&self, partitions: u32) -> Result<Vec<Option<String>>, ClusterError> {
         let mut holders = Vec::with_capacity(partitions as usize);
         for partition in 0..partitions {
-            let holder = match self.kv.entry(key(partition)).await? {
+            let reading =
+                ClusterError::nats(format!("{}: reading {}", self.bucket, key(partition)));
+            let holder = match self.kv.entry(key(partition)).await.map_err(reading)? {
                 Some(entry) if entry.operation == Operation::Put => {
                     serde_json::from_slice::<Holding>(&entry.value)
                         .ok()

@@ -14,6 +14,7 @@
 //! free and expired ones. The state, output and checkpoint streams of a partition are
 //! fenced by its lease: a host that lost it cannot write to them any more.
 
+mod error;
 pub mod events;
 pub mod inputs;
 pub mod lease;
@@ -24,7 +25,6 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::Context as _;
 use async_nats::jetstream::context::GetStreamErrorKind;
 use async_nats::jetstream::{self, kv};
 use bytes::Bytes;
@@ -36,6 +36,8 @@ use crate::agent::{AgentFile, Summary};
 use crate::log::jetstream::{RETRY_FOR, backoff};
 use crate::sandbox::Sandbox;
 use crate::store::Incarnation;
+pub use error::ClusterError;
+use error::ensure;
 use events::Events;
 use lease::{Created, Lease, Leases, Renewal, create_or_read};
 pub use partition::PartitionContext;
@@ -91,13 +93,13 @@ impl Layout {
     }
 
     /// The layout of the cluster `prefix`, as its first host recorded it.
-    pub async fn load(context: &jetstream::Context, prefix: &str) -> anyhow::Result<Self> {
+    pub async fn load(context: &jetstream::Context, prefix: &str) -> Result<Self, ClusterError> {
         let bucket = format!("{prefix}-leases");
         let missing = || {
-            anyhow::anyhow!(
+            ClusterError::Refused(format!(
                 "there is no cluster `{prefix}` on this NATS: start a host first (rewind \
                  cluster run)"
-            )
+            ))
         };
         match context.get_stream(format!("KV_{bucket}")).await {
             Ok(_) => {}
@@ -107,14 +109,24 @@ impl Layout {
             {
                 return Err(missing());
             }
-            Err(e) => anyhow::bail!("reading the lease bucket {bucket}: {e}"),
+            Err(e) => {
+                return Err(ClusterError::nats(format!(
+                    "reading the lease bucket {bucket}"
+                ))(e));
+            }
         }
         let leases = context
             .get_key_value(&bucket)
             .await
-            .with_context(|| format!("opening the lease bucket {bucket}"))?;
-        let layout = leases.get("layout").await?.ok_or_else(missing)?;
-        serde_json::from_slice(&layout).context("the recorded layout")
+            .map_err(ClusterError::nats(format!(
+                "opening the lease bucket {bucket}"
+            )))?;
+        let layout = leases
+            .get("layout")
+            .await
+            .map_err(ClusterError::nats(format!("{bucket}: reading the layout")))?
+            .ok_or_else(missing)?;
+        serde_json::from_slice(&layout).map_err(ClusterError::record("the recorded layout"))
     }
 
     /// Fails, naming the agents it does run, unless a host of this cluster was started
@@ -125,25 +137,36 @@ impl Layout {
         context: &jetstream::Context,
         tenant: &str,
         agent: &str,
-    ) -> anyhow::Result<()> {
+    ) -> Result<(), ClusterError> {
         use futures_util::TryStreamExt as _;
         let bucket = self.lease_bucket();
+        let reading = || format!("{bucket}: reading the agents it runs");
         let leases = context
             .get_key_value(&bucket)
             .await
-            .with_context(|| format!("opening the lease bucket {bucket}"))?;
-        if leases.get(lease::agent_key(tenant, agent)).await?.is_some() {
+            .map_err(ClusterError::nats(format!(
+                "opening the lease bucket {bucket}"
+            )))?;
+        if leases
+            .get(lease::agent_key(tenant, agent))
+            .await
+            .map_err(ClusterError::nats(reading()))?
+            .is_some()
+        {
             return Ok(());
         }
         // The keys from the stream's subjects, not from a consumer (see `Leases::live_hosts`).
         let prefix = format!("$KV.{bucket}.agent.");
         let mut runs: Vec<String> = context
             .get_stream_no_info(format!("KV_{bucket}"))
-            .await?
+            .await
+            .map_err(ClusterError::nats(reading()))?
             .info_with_subjects(format!("{prefix}*.*"))
-            .await?
+            .await
+            .map_err(ClusterError::nats(reading()))?
             .try_collect::<Vec<(String, usize)>>()
-            .await?
+            .await
+            .map_err(ClusterError::nats(reading()))?
             .into_iter()
             .filter_map(|(subject, _)| {
                 subject
@@ -152,7 +175,7 @@ impl Layout {
             })
             .collect();
         runs.sort();
-        anyhow::bail!(
+        Err(ClusterError::Refused(format!(
             "the cluster `{}` runs no agent `{agent}` for tenant `{tenant}` (it runs: {}): \
              start a host with that agent's agent.toml first",
             self.prefix,
@@ -161,7 +184,7 @@ impl Layout {
             } else {
                 runs.join(", ")
             }
-        )
+        )))
     }
 
     /// What a host does as it starts, before it takes any partition: opens the lease bucket
@@ -174,7 +197,7 @@ impl Layout {
         context: &jetstream::Context,
         host: &str,
         ttl: Duration,
-    ) -> anyhow::Result<(Leases, Incarnation)> {
+    ) -> Result<(Leases, Incarnation), ClusterError> {
         let mut leases =
             Leases::open(context, &self.lease_bucket(), self.replicas, host, ttl).await?;
         let incarnation = self.agree(leases.store()).await?;
@@ -186,14 +209,16 @@ impl Layout {
     /// Records the layout in the lease bucket when it is the first, with a new incarnation
     /// for the cluster, or checks that it is the one recorded: hosts that disagree on the
     /// partitions would split keys apart. Returns the cluster's incarnation.
-    async fn agree(&self, leases: &kv::Store) -> anyhow::Result<Incarnation> {
-        let record = |layout: &Layout| -> anyhow::Result<(Bytes, Incarnation)> {
+    async fn agree(&self, leases: &kv::Store) -> Result<Incarnation, ClusterError> {
+        let record = |layout: &Layout| -> Result<(Bytes, Incarnation), ClusterError> {
             let incarnation = Incarnation::random();
             let recorded = Recorded {
                 layout: layout.clone(),
                 incarnation: Some(incarnation),
             };
-            Ok((Bytes::from(serde_json::to_vec(&recorded)?), incarnation))
+            let bytes =
+                serde_json::to_vec(&recorded).map_err(ClusterError::record("the layout"))?;
+            Ok((Bytes::from(bytes), incarnation))
         };
         let (mine, incarnation) = record(self)?;
         let what = format!("recording the layout of cluster `{}`", self.prefix);
@@ -206,17 +231,18 @@ impl Layout {
                 Created::Made(_) => return Ok(incarnation),
                 Created::Found(entry) => entry,
             };
-            let recorded: Recorded =
-                serde_json::from_slice(&entry.value).context("the recorded layout")?;
-            anyhow::ensure!(
-                &recorded.layout == self,
-                "the cluster `{}` has {}; this host was started with {}: start it with the \
-                 cluster's layout ({}), or give it another --prefix for a new cluster",
-                self.prefix,
-                recorded.layout.describe(),
-                self.describe(),
-                recorded.layout.flags(),
-            );
+            let recorded: Recorded = serde_json::from_slice(&entry.value)
+                .map_err(ClusterError::record("the recorded layout"))?;
+            ensure(&recorded.layout == self, || {
+                format!(
+                    "the cluster `{}` has {}; this host was started with {}: start it with \
+                     the cluster's layout ({}), or give it another --prefix for a new cluster",
+                    self.prefix,
+                    recorded.layout.describe(),
+                    self.describe(),
+                    recorded.layout.flags(),
+                )
+            })?;
             if let Some(incarnation) = recorded.incarnation {
                 return Ok(incarnation);
             }
@@ -227,10 +253,12 @@ impl Layout {
             if leases.update("layout", with, entry.revision).await.is_ok() {
                 return Ok(incarnation);
             }
-            anyhow::ensure!(
-                started.elapsed() < RETRY_FOR,
-                "{what} (retried for {RETRY_FOR:?}): the layout kept changing"
-            );
+            if started.elapsed() >= RETRY_FOR {
+                return Err(ClusterError::Nats {
+                    what: format!("{what} (retried for {RETRY_FOR:?})"),
+                    source: "the layout kept changing".into(),
+                });
+            }
             attempt += 1;
             tokio::time::sleep(backoff(attempt)).await;
         }
@@ -266,7 +294,7 @@ pub struct HostOptions {
 struct Running {
     lease: Arc<Lease>,
     stop: watch::Sender<bool>,
-    task: JoinHandle<anyhow::Result<Summary>>,
+    task: JoinHandle<Result<Summary, ClusterError>>,
     /// Lost to another host: not to be released.
     lost: bool,
     /// Since when it has been asked to stop (let go, lost, or the host leaving): it finishes
@@ -291,7 +319,7 @@ pub async fn run_host(
     file: AgentFile,
     sandbox: Arc<Sandbox>,
     shutdown: impl Future<Output = ()>,
-) -> anyhow::Result<()> {
+) -> Result<(), ClusterError> {
     let layout = options.layout.clone();
     inputs::check_token("agent", &file.config.name)?;
     inputs::check_token("tenant", &options.tenant)?;
@@ -301,7 +329,11 @@ pub async fn run_host(
     crate::agent::Agent::builder(file.clone(), Arc::clone(&sandbox))
         .tenant(options.tenant.clone())
         .build()?;
-    let client = options.nats.connect().await?;
+    let client = options
+        .nats
+        .connect()
+        .await
+        .map_err(ClusterError::log("connecting to NATS"))?;
     let mut context = jetstream::new(client);
     // Requests to a stream whose server just died wait this long for nothing; every
     // request here is retried, so a short wait moves on sooner.

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 
 use super::Layout;
+use super::error::ClusterError;
 use crate::agent::{OutputSink, WrittenIds};
 use crate::checkpoint::KeyProgress;
 use crate::event::{Output, OutputRecord};
@@ -33,18 +34,21 @@ pub async fn read_outputs(
     log: &dyn Log,
     partition: u32,
     from: u64,
-) -> anyhow::Result<Vec<(u64, OutputRecord)>> {
-    let (start, end) = log.bounds(partition).await?;
+) -> Result<Vec<(u64, OutputRecord)>, ClusterError> {
+    let reading = || ClusterError::log("reading the outputs");
+    let (start, end) = log.bounds(partition).await.map_err(reading())?;
     let mut next = from.max(start);
     let mut outputs = Vec::new();
     while next < end {
-        let batch = log.read(partition, next, 1_000).await?;
+        let batch = log.read(partition, next, 1_000).await.map_err(reading())?;
         let Some(last) = batch.last() else { break };
         next = last.offset + 1;
         for record in batch {
-            let output: OutputRecord = serde_json::from_slice(&record.payload).map_err(|e| {
-                anyhow::anyhow!("output at offset {} is not an output: {e}", record.offset)
-            })?;
+            let output: OutputRecord =
+                serde_json::from_slice(&record.payload).map_err(ClusterError::record(format!(
+                    "output at offset {} is not an output",
+                    record.offset
+                )))?;
             outputs.push((record.offset, output));
         }
     }
@@ -62,7 +66,7 @@ impl StreamSink {
     /// Opens the sink, reading the ids of the outputs written from `from` on (the resumed
     /// checkpoint's output position: outputs before it are of inputs that will not run
     /// again).
-    pub async fn open(log: Arc<dyn Log>, from: u64) -> anyhow::Result<Self> {
+    pub async fn open(log: Arc<dyn Log>, from: u64) -> Result<Self, ClusterError> {
         let mut seen = WrittenIds::default();
         for (_, output) in read_outputs(&*log, 0, from).await? {
             seen.insert(&output.output_id());

@@ -4,10 +4,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context as _;
 use async_nats::jetstream;
 use futures_util::StreamExt as _;
 
+use super::error::ClusterError;
 use super::events::Events;
 use super::lease::Lease;
 use super::outputs::StreamSink;
@@ -57,12 +57,12 @@ async fn fenced(
     context: &jetstream::Context,
     spec: StreamSpec,
     lease: &Arc<Lease>,
-) -> anyhow::Result<Arc<dyn Log>> {
+) -> Result<Arc<dyn Log>, ClusterError> {
     let name = spec.name.clone();
     let authority: Arc<dyn Authority> = Arc::clone(lease) as Arc<dyn Authority>;
     let log = JetStreamLog::open(context.clone(), vec![spec], Some(authority))
         .await
-        .with_context(|| format!("opening {name}"))?;
+        .map_err(ClusterError::log(format!("opening {name}")))?;
     Ok(Arc::new(log))
 }
 
@@ -72,7 +72,7 @@ pub async fn run(
     partition: &PartitionContext,
     lease: Arc<Lease>,
     stop: impl Future<Output = ()> + Send,
-) -> anyhow::Result<Summary> {
+) -> Result<Summary, ClusterError> {
     let number = lease.partition;
     let layout = &partition.layout;
     let context = &partition.context;
@@ -85,7 +85,10 @@ pub async fn run(
     let latest = checkpoints
         .latest()
         .await
-        .with_context(|| format!("partition {number}: reading its newest checkpoint"))?;
+        .map_err(|source| ClusterError::Checkpoint {
+            what: format!("partition {number}: reading its newest checkpoint"),
+            source,
+        })?;
     let store = Arc::new(
         LogStore::new(
             Arc::clone(&state_log),
@@ -102,7 +105,10 @@ pub async fn run(
         &config.name,
     )
     .await
-    .with_context(|| format!("partition {number}: recovering its states"))?;
+    .map_err(|source| ClusterError::Store {
+        what: format!("partition {number}: recovering its states"),
+        source,
+    })?;
     let agent = Arc::new(
         Agent::builder(partition.file.clone(), Arc::clone(&partition.sandbox))
             .tenant(partition.tenant.clone())
@@ -113,8 +119,7 @@ pub async fn run(
         output_log,
         latest.as_ref().and_then(|c| c.output_position).unwrap_or(0),
     )
-    .await
-    .with_context(|| format!("partition {number}: reading its outputs"))?;
+    .await?;
     let after = latest.as_ref().map_or(0, |c| c.input_position);
     let lines = inputs::subscribe(
         context,
@@ -155,6 +160,9 @@ pub async fn run(
     };
     let summary = run_inputs(agent, Box::pin(lines), &mut sink, &(), options)
         .await
-        .with_context(|| format!("partition {number}: running its inputs"))?;
+        .map_err(|source| ClusterError::Run {
+            what: format!("partition {number}: running its inputs"),
+            source,
+        })?;
     Ok(summary)
 }
