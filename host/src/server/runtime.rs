@@ -20,13 +20,12 @@ use super::journal::{
 };
 use super::quota::{PerMinute, QuotaExceeded};
 use crate::agent::{Agent, WrittenIds};
+use crate::checkpoint;
 use crate::event::{Input, OutputId, OutputRecord};
 use crate::log::{FileLog, FileLogOptions, Log, LogError, Offset, Recovery};
 use crate::sandbox::Sandbox;
 use crate::state_dir::{StateDirError, incarnation_of};
-use crate::store::{
-    ActionStateStore, CallOutcome, KeyScope, LogStore, Marker, MarkerStrategy, StoreError,
-};
+use crate::store::{ActionStateStore, CallOutcome, KeyScope, LogStore, MarkerStrategy, StoreError};
 use crate::text;
 
 /// Partitions of a tenant's state log.
@@ -367,21 +366,16 @@ impl TenantRuntime {
             MarkerStrategy::Offsets,
             incarnation,
         ));
-        let mut offsets = Vec::new();
-        for partition in 0..STATE_PARTITIONS {
-            let (start, _) = state_log
-                .bounds(partition)
-                .await
-                .map_err(|e| log_error("its state log", e))?;
-            offsets.push(start);
-        }
-        store
-            .rebuild(&Marker { offsets })
-            .await
-            .map_err(|error| OpenError::Store {
-                tenant: name.to_owned(),
-                error,
-            })?;
+        // No checkpoints (yet): the cache is rebuilt from what the log holds, and the
+        // journal's finished inputs are pruned again as it is read back.
+        let rebuilt = match checkpoint::log_start(&*state_log).await {
+            Ok(start) => store.rebuild(&start).await,
+            Err(error) => Err(error),
+        };
+        rebuilt.map_err(|error| OpenError::Store {
+            tenant: name.to_owned(),
+            error,
+        })?;
         let budget = Arc::new(PerMinute::calls(policy.quotas.calls_per_minute));
         // The tenant's compiled components are its own, and count toward its `stored-bytes`.
         let compiled = sandbox.cache().dir().map(|_| dir.join("compiled"));
