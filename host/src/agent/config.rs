@@ -2,12 +2,14 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use serde::Deserialize;
 
 use crate::durable::{DivergencePolicy, InDoubtPolicy};
+use crate::log::Log;
 use crate::sandbox::Limits;
-use crate::store::MarkerStrategy;
+use crate::store::{Incarnation, LogStore, MarkerStrategy};
 
 /// Keys processed at once, unless `parallelism` says otherwise.
 pub const DEFAULT_PARALLELISM: usize = 8;
@@ -78,6 +80,13 @@ impl Default for StateConfig {
             keep_checkpoints: 3,
             refresh_batch: crate::store::DEFAULT_REFRESH_BATCH,
         }
+    }
+}
+
+impl StateConfig {
+    /// The store over `log` this `[state]` asks for: its marker strategy and refresh batch.
+    pub fn store(&self, log: Arc<dyn Log>, incarnation: Incarnation) -> LogStore {
+        LogStore::new(log, self.marker, incarnation).with_refresh_batch(self.refresh_batch)
     }
 }
 

@@ -11,7 +11,7 @@ use tokio::sync::{Semaphore, mpsc};
 use super::input::{InputLine, LineError};
 use super::output::OutputSink;
 use super::task::AbortOnDrop;
-use super::{Agent, InputError, InputReport, Memory};
+use super::{Agent, InputError, InputReport, Memory, StateConfig};
 use crate::checkpoint::{Checkpoint, CheckpointId, CheckpointStore, KeyProgress, PendingInput};
 use crate::crash::{self, CrashPoint};
 use crate::durable::{CallStats, CallsByFunction};
@@ -90,6 +90,24 @@ pub struct Checkpointing {
     pub keep: usize,
     /// What each checkpoint lets go of: the log under the agent's store, the inputs read.
     pub retention: Vec<Arc<dyn Retention>>,
+}
+
+impl Checkpointing {
+    /// Checkpoints saved to `store` as an agent's `[state]` says (how often, how many
+    /// kept), letting go of what `retention` names.
+    pub fn new(
+        store: Arc<dyn CheckpointStore>,
+        state: &StateConfig,
+        retention: Vec<Arc<dyn Retention>>,
+    ) -> Self {
+        Self {
+            store,
+            every_inputs: Some(state.checkpoint_every_inputs),
+            every: Some(Duration::from_millis(state.checkpoint_every_ms)),
+            keep: state.keep_checkpoints,
+            retention,
+        }
+    }
 }
 
 /// Data that checkpoints make unneeded: once a checkpoint is saved, what the oldest one

@@ -86,13 +86,11 @@ pub async fn run(args: RunArgs, sandbox: Sandbox) -> anyhow::Result<ExitCode> {
     } else {
         ProgressBar::hidden()
     };
-    let checkpointing = Checkpointing {
-        store: recovered.checkpoints.clone(),
-        every_inputs: Some(config.checkpoint_every_inputs),
-        every: Some(Duration::from_millis(config.checkpoint_every_ms)),
-        keep: config.keep_checkpoints,
-        retention: vec![Arc::new(recovered.log.clone())],
-    };
+    let checkpointing = Checkpointing::new(
+        recovered.checkpoints.clone(),
+        &config,
+        vec![Arc::new(recovered.log.clone())],
+    );
     let options = RunOptions {
         checkpointing: Some(&checkpointing),
         resume: recovered.latest.as_ref(),

@@ -50,7 +50,7 @@ pub async fn recover(
     recovery: Recovery,
     load: Load<'_>,
 ) -> anyhow::Result<Recovered> {
-    let (partitions, strategy) = (config.partitions, config.marker);
+    let partitions = config.partitions;
     // A writer holds the directory for as long as it runs; a reader reads what is there.
     let (held, incarnation) = match load {
         Load::Recovery { .. } => {
@@ -93,10 +93,7 @@ pub async fn recover(
     let log: Arc<dyn Log> = Arc::new(log);
     let checkpoints = Arc::new(FileCheckpoints::new(checkpoints_dir(state)));
     let latest = checkpoints.latest().await?;
-    let store = Arc::new(
-        LogStore::new(Arc::clone(&log), strategy, incarnation)
-            .with_refresh_batch(config.refresh_batch),
-    );
+    let store = Arc::new(config.store(Arc::clone(&log), incarnation));
     let context = || match &latest {
         Some(c) => format!("recovering from checkpoint {} in {}", c.id, state.display()),
         None => format!("recovering {}", state.display()),

@@ -2,7 +2,6 @@
 //! run until the host lets it go.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use async_nats::jetstream;
 use futures_util::StreamExt as _;
@@ -16,7 +15,7 @@ use crate::agent::{Agent, AgentFile, Checkpointing, RunOptions, Summary, run_inp
 use crate::checkpoint::{CheckpointStore, LogCheckpoints, recover_store};
 use crate::log::{Authority, JetStreamLog, Log, StreamSpec};
 use crate::sandbox::Sandbox;
-use crate::store::{Incarnation, LogStore};
+use crate::store::Incarnation;
 
 impl Layout {
     pub fn state_stream(&self, partition: u32) -> StreamSpec {
@@ -90,12 +89,9 @@ pub async fn run(
             source,
         })?;
     let store = Arc::new(
-        LogStore::new(
-            Arc::clone(&state_log),
-            config.state.marker,
-            partition.incarnation,
-        )
-        .with_refresh_batch(config.state.refresh_batch),
+        config
+            .state
+            .store(Arc::clone(&state_log), partition.incarnation),
     );
     recover_store(
         &*store,
@@ -138,12 +134,10 @@ pub async fn run(
         after,
         "partition taken: running its inputs"
     );
-    let checkpointing = Checkpointing {
-        store: checkpoints,
-        every_inputs: Some(config.state.checkpoint_every_inputs),
-        every: Some(Duration::from_millis(config.state.checkpoint_every_ms)),
-        keep: config.state.keep_checkpoints,
-        retention: vec![
+    let checkpointing = Checkpointing::new(
+        checkpoints,
+        &config.state,
+        vec![
             Arc::new(state_log),
             Arc::new(inputs::InputRetention::new(
                 context,
@@ -153,7 +147,7 @@ pub async fn run(
                 number,
             )),
         ],
-    };
+    );
     let options = RunOptions {
         checkpointing: Some(&checkpointing),
         resume: latest.as_ref(),
