@@ -25,11 +25,13 @@ pub mod crash;
 pub mod durable;
 pub mod event;
 pub mod functions;
+pub mod kit;
 pub mod log;
 pub mod private;
 pub mod sandbox;
 pub mod server;
 pub mod state_dir;
 pub mod store;
+#[cfg(feature = "testing")]
 pub mod testing;
 pub mod text;

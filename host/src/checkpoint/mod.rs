@@ -5,6 +5,7 @@
 //! marker (docs/SEMANTICS.md, "Checkpoints and recovery"). Recovery starts from the
 //! newest one.
 
+#[cfg(any(test, feature = "testing"))]
 pub mod conformance;
 mod file;
 mod log;

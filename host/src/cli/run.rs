@@ -111,7 +111,7 @@ pub async fn run(args: RunArgs, sandbox: Sandbox) -> anyhow::Result<ExitCode> {
     bar.finish_and_clear();
     let summary = summary.context("writing the outputs")?;
     print_summary(&summary);
-    if let Some(path) = std::env::var_os(rewind_host::testing::CALLS_ENV) {
+    if let Some(path) = std::env::var_os(rewind_host::kit::CALLS_ENV) {
         write_calls(Path::new(&path), &summary)
             .with_context(|| format!("writing the calls to {}", path.display()))?;
     }

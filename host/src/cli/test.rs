@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context as _, bail};
 use rewind_host::crash::Crash;
-use rewind_host::testing::{CrashAt, Kit, Outcome, read_scripts};
+use rewind_host::kit::{CrashAt, Kit, Outcome, read_scripts};
 
 #[derive(Debug, clap::Args)]
 pub struct TestArgs {

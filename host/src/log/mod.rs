@@ -4,6 +4,7 @@
 //! [`MemoryLog`] is its in-memory twin. Every implementation passes the suite in
 //! [`conformance`].
 
+#[cfg(any(test, feature = "testing"))]
 pub mod conformance;
 mod file;
 pub(crate) mod jetstream;

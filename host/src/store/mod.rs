@@ -5,6 +5,7 @@
 //! a [`Marker`]; recovery rebuilds the cache from one. See docs/SEMANTICS.md, "The store
 //! and its markers".
 
+#[cfg(any(test, feature = "testing"))]
 pub mod conformance;
 pub mod encoding;
 mod log;

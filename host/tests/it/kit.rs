@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use rewind_host::crash::CrashPoint;
-use rewind_host::testing::{CrashAt, Kit, Outcome, Report, Script};
+use rewind_host::kit::{CrashAt, Kit, Outcome, Report, Script};
 use serde_json::json;
 
 use crate::support::{guest, polyglot_guests, workspace_root};
