@@ -308,7 +308,7 @@ impl Reader {
             for ((position, message), verdict) in run.into_iter().zip(verdicts) {
                 let verdict = match verdict {
                     Ok(verdict) => verdict,
-                    Err(error) => return (read, Some(async_nats::Error::from(error.to_string()))),
+                    Err(error) => return (read, Some(Box::new(error))),
                 };
                 let input = match message {
                     // Another agent's message.
