@@ -952,7 +952,9 @@ impl TenantRuntime {
             (error, _) => (error, memory),
         };
         let actions = summarize(&*self.store, &scope, sequence);
-        let status = if error.is_some() {
+        let status = if let Some(error) = &error {
+            tracing::warn!(tenant = %self.name, agent = agent_name, key, sequence,
+                event_id = %queued.event_id, "input failed: {}", text::outside_error(error));
             InputStatus::Failed
         } else {
             InputStatus::Completed

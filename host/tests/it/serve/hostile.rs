@@ -168,6 +168,23 @@ async fn a_hostile_tenant_neither_exhausts_the_host_nor_floods_its_log_nor_stops
     );
 
     let log = process.log();
+    // Each failed input is in the operator's log once, naming where it failed and why.
+    for (key, _, named) in &floods {
+        let lines: Vec<&String> = log
+            .iter()
+            .filter(|l| l.contains("input failed") && l.contains(&format!("key=\"{key}\"")))
+            .collect();
+        assert_eq!(lines.len(), 1, "{key}: {lines:?}");
+        let line = lines[0];
+        assert!(
+            line.contains("WARN")
+                && line.contains("tenant=evil")
+                && line.contains("agent=\"h\"")
+                && line.contains("sequence=1")
+                && line.contains(named.split(':').next().unwrap_or(named)),
+            "{key}: {line:.300}"
+        );
+    }
     process.child.kill().expect("the server stops");
     let bytes: usize = log.iter().map(String::len).sum();
     assert!(bytes < 2 << 20, "the log took {bytes} bytes");
