@@ -354,12 +354,20 @@ pub fn one_call(function: &str) -> Value {
     json!({ "calls": [{ "function": function }] })
 }
 
-/// `rewind serve` run as a process of its own.
+/// `rewind serve` run as a process of its own; SIGKILLed when dropped, so that a test that
+/// fails leaves no server behind.
 pub struct Process {
     pub child: std::process::Child,
     pub base: String,
     /// What it wrote to stderr, line by line.
     log: Arc<Mutex<Vec<String>>>,
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
 
 impl Process {

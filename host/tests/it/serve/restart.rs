@@ -3,7 +3,6 @@
 
 use std::collections::BTreeSet;
 use std::path::Path;
-use std::process::Child;
 use std::time::Duration;
 
 use reqwest::StatusCode;
@@ -12,10 +11,11 @@ use serde_json::json;
 use super::{Endpoint, Process, create, one_call, send, wait_outputs, write_config};
 use crate::support::guest;
 
-/// Starts `rewind serve --config CONFIG`, with `crash` armed; its child and base URL.
-fn start(config: &Path, crash: Option<&str>) -> (Child, String) {
+/// Starts `rewind serve --config CONFIG`, with `crash` armed; the process and its base URL.
+fn start(config: &Path, crash: Option<&str>) -> (Process, String) {
     let process = Process::start(config, crash);
-    (process.child, process.base)
+    let base = process.base.clone();
+    (process, base)
 }
 
 #[tokio::test]
@@ -71,7 +71,7 @@ async fn a_server_killed_mid_run_loses_no_event_and_repeats_no_recorded_call() {
             _ => unanswered.push((id.clone(), key.clone())),
         }
     }
-    let status = tokio::task::spawn_blocking(move || server.wait())
+    let status = tokio::task::spawn_blocking(move || server.child.wait())
         .await
         .expect("joined")
         .expect("waits");
@@ -115,9 +115,9 @@ async fn a_server_killed_mid_run_loses_no_event_and_repeats_no_recorded_call() {
     assert_eq!(keys.len(), events.len(), "{keys:?}");
     assert_eq!(distinct.len(), events.len());
 
-    let pid = rustix::process::Pid::from_raw(server.id().cast_signed()).expect("pid");
+    let pid = rustix::process::Pid::from_raw(server.child.id().cast_signed()).expect("pid");
     rustix::process::kill_process(pid, rustix::process::Signal::TERM).expect("SIGTERM");
-    let status = tokio::task::spawn_blocking(move || server.wait())
+    let status = tokio::task::spawn_blocking(move || server.child.wait())
         .await
         .expect("joined")
         .expect("waits");
