@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use anyhow::{Context, bail};
+use super::error::KitError;
 use toml::{Table, Value};
 
 use crate::durable::InDoubtPolicy;
@@ -26,17 +26,19 @@ pub fn rewrite(
     path: &Path,
     simulator: impl Fn(&str) -> String,
     rewrites: &[(String, String)],
-) -> anyhow::Result<Rewritten> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+) -> Result<Rewritten, KitError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(KitError::io(format!("reading {}", path.display())))?;
     // Parsed as an agent first, so that a bad file gets the same errors as `rewind run`.
     crate::agent::AgentFile::parse(path, &text)?;
-    let mut table: Table = text
-        .parse()
-        .with_context(|| format!("parsing {}", path.display()))?;
+    let mut table: Table = text.parse().map_err(|source| KitError::Toml {
+        what: format!("parsing {}", path.display()),
+        source,
+    })?;
     let parent = path.parent().filter(|p| !p.as_os_str().is_empty());
-    let base = std::path::absolute(parent.unwrap_or(Path::new(".")))
-        .with_context(|| format!("finding the directory of {}", path.display()))?;
+    let base = std::path::absolute(parent.unwrap_or(Path::new("."))).map_err(KitError::io(
+        format!("finding the directory of {}", path.display()),
+    ))?;
     if let Some(Value::Array(actions)) = table.get_mut("actions") {
         for action in actions {
             if let Some(Value::String(component)) = action.get_mut("component") {
@@ -61,7 +63,10 @@ pub fn rewrite(
     if let Some(Value::Table(functions)) = table.get_mut("functions") {
         for (name, function) in functions.iter_mut() {
             let Value::Table(function) = function else {
-                bail!("{}: [functions.{name}] is not a table", path.display());
+                return Err(KitError::Cannot(format!(
+                    "{}: [functions.{name}] is not a table",
+                    path.display()
+                )));
             };
             let field = match function.get("kind").and_then(Value::as_str) {
                 Some("http") => "url",
@@ -94,7 +99,8 @@ pub fn rewrite(
         }
     }
     Ok(Rewritten {
-        toml: toml::to_string(&table)?,
+        toml: toml::to_string(&table)
+            .map_err(|e| KitError::Cannot(format!("{}: writing it back: {e}", path.display())))?,
         upstreams,
         in_doubt,
     })

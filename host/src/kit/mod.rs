@@ -20,6 +20,7 @@
 //! in a crash from one served: Rewind's own tests (unseeded) check that.
 
 mod agent;
+mod error;
 mod simulator;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -27,7 +28,6 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
 
-use anyhow::{Context, bail};
 use rand::seq::IndexedRandom;
 use rand::{Rng, SeedableRng};
 
@@ -35,6 +35,7 @@ use crate::crash::{Crash, CrashPoint};
 use crate::durable::{CallsByFunction, InDoubtPolicy, SEED_ENV, Seeded};
 use crate::state_dir::{read_incarnation, set_incarnation};
 use crate::store::Incarnation;
+pub use error::KitError;
 pub use simulator::{Script, Simulator, read_scripts};
 
 /// Which crashes to inject.
@@ -254,13 +255,13 @@ struct Finished {
 
 impl Kit {
     /// Runs the agent uninterrupted, then once per crash `at` picks.
-    pub async fn run(&self, at: &CrashAt) -> anyhow::Result<Report> {
+    pub async fn run(&self, at: &CrashAt) -> Result<Report, KitError> {
         if self.work.exists() {
             std::fs::remove_dir_all(&self.work)
-                .with_context(|| format!("emptying {}", self.work.display()))?;
+                .map_err(KitError::io(format!("emptying {}", self.work.display())))?;
         }
         std::fs::create_dir_all(&self.work)
-            .with_context(|| format!("creating {}", self.work.display()))?;
+            .map_err(KitError::io(format!("creating {}", self.work.display())))?;
         // The simulator needs the upstreams the rewrite finds; the rewrite needs the
         // simulator's address: read the endpoints first, against a placeholder.
         let probe = agent::rewrite(&self.agent, |_| String::new(), &self.rewrites)?;
@@ -268,7 +269,7 @@ impl Kit {
         let rewritten = agent::rewrite(&self.agent, |name| simulator.url(name), &self.rewrites)?;
         let agent = self.work.join("agent.toml");
         std::fs::write(&agent, &rewritten.toml)
-            .with_context(|| format!("writing {}", agent.display()))?;
+            .map_err(KitError::io(format!("writing {}", agent.display())))?;
 
         // The same for every kit run, so that a case run again alone (`--crash-at POINT:N`)
         // sees the same values as it did among the others.
@@ -284,15 +285,17 @@ impl Kit {
             .spawn(&setup, &reference_dir, None, Some(&counts))
             .await?;
         if !status.success() {
-            bail!(
+            return Err(KitError::Cannot(format!(
                 "the uninterrupted run failed ({status}); it said:\n{}",
                 said(&reference_dir)
-            );
+            )));
         }
         let reference = finished(&reference_dir, &simulator);
         let reached: BTreeMap<String, u64> = serde_json::from_slice(
-            &std::fs::read(&counts).with_context(|| format!("reading {}", counts.display()))?,
-        )?;
+            &std::fs::read(&counts)
+                .map_err(KitError::io(format!("reading {}", counts.display())))?,
+        )
+        .map_err(KitError::json(format!("reading {}", counts.display())))?;
 
         let mut all = Vec::new();
         for point in CrashPoint::ALL {
@@ -385,7 +388,7 @@ impl Kit {
         simulator: &Simulator,
         reference: &Finished,
         in_doubt: &BTreeMap<String, InDoubtPolicy>,
-    ) -> anyhow::Result<Outcome> {
+    ) -> Result<Outcome, KitError> {
         use std::os::unix::process::ExitStatusExt;
         let status = self.spawn(setup, dir, Some(crash), None).await?;
         if status.success() {
@@ -470,8 +473,9 @@ impl Kit {
         dir: &Path,
         crash: Option<Crash>,
         counts: Option<&Path>,
-    ) -> anyhow::Result<ExitStatus> {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    ) -> Result<ExitStatus, KitError> {
+        std::fs::create_dir_all(dir)
+            .map_err(KitError::io(format!("creating {}", dir.display())))?;
         let state = dir.join("state");
         if read_incarnation(&state)?.is_none() {
             set_incarnation(&state, setup.incarnation)?;
@@ -479,7 +483,11 @@ impl Kit {
         let stderr = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
-            .open(dir.join("stderr.log"))?;
+            .open(dir.join("stderr.log"))
+            .map_err(KitError::io(format!(
+                "opening {}",
+                dir.join("stderr.log").display()
+            )))?;
         let mut command = Command::new(&self.rewind);
         if let Some(cache) = &self.cache_dir {
             command.arg("--cache-dir").arg(cache);
@@ -507,8 +515,9 @@ impl Kit {
         command.env(CALLS_ENV, dir.join(CALLS_FILE));
         let rewind = self.rewind.display().to_string();
         tokio::task::spawn_blocking(move || command.status())
-            .await?
-            .with_context(|| format!("starting {rewind}"))
+            .await
+            .map_err(|e| KitError::io(format!("starting {rewind}"))(std::io::Error::other(e)))?
+            .map_err(KitError::io(format!("starting {rewind}")))
     }
 }
 
@@ -516,17 +525,20 @@ impl Kit {
 const CALLS_FILE: &str = "calls.jsonl";
 
 /// The calls per function of every run on `dir` that ended (a killed one writes none).
-fn read_calls(dir: &Path) -> anyhow::Result<CallsByFunction> {
+fn read_calls(dir: &Path) -> Result<CallsByFunction, KitError> {
     let path = dir.join(CALLS_FILE);
     let text = match std::fs::read_to_string(&path) {
         Ok(text) => text,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
-        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+        Err(e) => return Err(KitError::io(format!("reading {}", path.display()))(e)),
     };
     let mut calls = CallsByFunction::default();
     for (number, line) in text.lines().enumerate() {
-        let run: CallsByFunction = serde_json::from_str(line)
-            .with_context(|| format!("{}: line {}", path.display(), number + 1))?;
+        let run: CallsByFunction = serde_json::from_str(line).map_err(KitError::json(format!(
+            "{}: line {}",
+            path.display(),
+            number + 1
+        )))?;
         calls += &run;
     }
     Ok(calls)

@@ -23,6 +23,8 @@ use axum::routing::any;
 use serde::Deserialize;
 use serde_json::Value;
 
+use super::error::KitError;
+
 /// One scripted answer: `{"function": NAME, "args": {...}, "result": {...}}`. Without
 /// `args` it answers every call of the function that no entry with `args` matches.
 #[derive(Clone, Debug, Deserialize)]
@@ -35,21 +37,19 @@ pub struct Script {
 }
 
 /// Reads a JSONL file of [`Script`] lines; an error names the line.
-pub fn read_scripts(path: &std::path::Path) -> anyhow::Result<Vec<Script>> {
+pub fn read_scripts(path: &std::path::Path) -> Result<Vec<Script>, KitError> {
     let text = std::fs::read_to_string(path)
-        .map_err(|e| anyhow::anyhow!("reading {}: {e}", path.display()))?;
+        .map_err(KitError::io(format!("reading {}", path.display())))?;
     let mut scripts = Vec::new();
     for (number, line) in text.lines().enumerate() {
         if line.trim().is_empty() {
             continue;
         }
-        let script = serde_json::from_str(line).map_err(|e| {
-            anyhow::anyhow!(
-                "{}:{}: not a scripted answer: {e}",
-                path.display(),
-                number + 1
-            )
-        })?;
+        let script = serde_json::from_str(line).map_err(KitError::json(format!(
+            "{}:{}: not a scripted answer",
+            path.display(),
+            number + 1
+        )))?;
         scripts.push(script);
     }
     Ok(scripts)
@@ -127,7 +127,7 @@ impl Simulator {
     pub async fn start(
         upstreams: BTreeMap<String, String>,
         scripts: Vec<Script>,
-    ) -> anyhow::Result<Self> {
+    ) -> Result<Self, KitError> {
         let shared = Arc::new(Shared {
             upstreams,
             scripts,
@@ -137,8 +137,12 @@ impl Simulator {
             .route("/fn/{name}", any(handle))
             .route("/fn/{name}/{*rest}", any(handle))
             .with_state(Arc::clone(&shared));
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-        let addr = listener.local_addr()?;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .map_err(KitError::io("the simulator: listening on loopback"))?;
+        let addr = listener
+            .local_addr()
+            .map_err(KitError::io("the simulator: its address"))?;
         let server = tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
         });
