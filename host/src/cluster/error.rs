@@ -60,27 +60,35 @@ pub enum ClusterError {
 }
 
 impl ClusterError {
-    /// A NATS request's error, doing `what`.
-    pub(crate) fn nats<E: Into<async_nats::Error>>(
-        what: impl Into<String>,
+    // Each takes what was being done as a closure, called only on failure: these wrap
+    // requests made for every input (an event id's verdict, a publish).
+
+    /// A NATS request's error, doing `what()`.
+    pub(crate) fn nats<E: Into<async_nats::Error>, W: Into<String>>(
+        what: impl FnOnce() -> W,
     ) -> impl FnOnce(E) -> Self {
-        let what = what.into();
         move |source| Self::Nats {
-            what,
+            what: what().into(),
             source: source.into(),
         }
     }
 
-    /// A log's error, doing `what`.
-    pub(crate) fn log(what: impl Into<String>) -> impl FnOnce(LogError) -> Self {
-        let what = what.into();
-        move |source| Self::Log { what, source }
+    /// A log's error, doing `what()`.
+    pub(crate) fn log<W: Into<String>>(what: impl FnOnce() -> W) -> impl FnOnce(LogError) -> Self {
+        move |source| Self::Log {
+            what: what().into(),
+            source,
+        }
     }
 
-    /// A record that does not decode, named by `what`.
-    pub(crate) fn record(what: impl Into<String>) -> impl FnOnce(serde_json::Error) -> Self {
-        let what = what.into();
-        move |source| Self::Record { what, source }
+    /// A record that does not decode, named by `what()`.
+    pub(crate) fn record<W: Into<String>>(
+        what: impl FnOnce() -> W,
+    ) -> impl FnOnce(serde_json::Error) -> Self {
+        move |source| Self::Record {
+            what: what().into(),
+            source,
+        }
     }
 }
 

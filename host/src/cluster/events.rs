@@ -93,15 +93,16 @@ impl Events {
                 .to_string(),
         };
         let value = Bytes::from(
-            serde_json::to_vec(&seen).map_err(ClusterError::record("an event id's entry"))?,
+            serde_json::to_vec(&seen).map_err(ClusterError::record(|| "an event id's entry"))?,
         );
         let what = format!("{}: recording event {id:?}", self.bucket);
         Ok(match create_or_read(&self.kv, &key, &value, &what).await? {
             Created::Made(_) => Verdict::First,
             Created::Found(entry) => {
-                let first: Seen = serde_json::from_slice(&entry.value).map_err(
-                    ClusterError::record(format!("{}: the entry of event {id:?}", self.bucket)),
-                )?;
+                let first: Seen =
+                    serde_json::from_slice(&entry.value).map_err(ClusterError::record(|| {
+                        format!("{}: the entry of event {id:?}", self.bucket)
+                    }))?;
                 judge(&first, &seen)
             }
         })

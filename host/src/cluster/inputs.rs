@@ -63,7 +63,7 @@ impl Layout {
             };
             ensure_stream(context, &config)
                 .await
-                .map_err(ClusterError::log(format!("making {}", config.name)))?;
+                .map_err(ClusterError::log(|| format!("making {}", config.name)))?;
         }
         Ok(())
     }
@@ -119,7 +119,7 @@ pub async fn publish(
         key,
         payload: &payload,
     })
-    .map_err(ClusterError::record("an input's line"))?;
+    .map_err(ClusterError::record(|| "an input's line"))?;
     // A header value of the id's digest: the id may hold any character.
     let message_id = Digest::of(&[tenant.as_bytes(), agent.as_bytes(), id.as_bytes()]);
     let message = PublishMessage::build()
@@ -129,9 +129,9 @@ pub async fn publish(
     let ack = context
         .send_publish(subject.clone(), message)
         .await
-        .map_err(ClusterError::nats(format!("publishing to {subject}")))?
+        .map_err(ClusterError::nats(|| format!("publishing to {subject}")))?
         .await
-        .map_err(ClusterError::nats(format!("publishing to {subject}")))?;
+        .map_err(ClusterError::nats(|| format!("publishing to {subject}")))?;
     Ok(Published {
         partition,
         position: ack.sequence,
@@ -182,9 +182,9 @@ pub async fn subscribe(
         .client()
         .subscribe(subject.clone())
         .await
-        .map_err(ClusterError::nats(format!(
-            "{name}: subscribing to {subject}"
-        )))?;
+        .map_err(ClusterError::nats(|| {
+            format!("{name}: subscribing to {subject}")
+        }))?;
     let (inputs, queue) = mpsc::channel(256);
     let reader = Reader {
         context: context.clone(),

@@ -109,12 +109,12 @@ pub(super) async fn open_bucket(
     };
     ensure_stream(context, &config)
         .await
-        .map_err(ClusterError::log(format!("making the {what} {bucket}")))?;
+        .map_err(ClusterError::log(|| format!("making the {what} {bucket}")))?;
     retrying(&format!("opening the {what} {bucket}"), || {
         context.get_key_value(bucket)
     })
     .await
-    .map_err(ClusterError::log(format!("opening the {what} {bucket}")))
+    .map_err(ClusterError::log(|| format!("opening the {what} {bucket}")))
 }
 
 /// What [`create_or_read`] found.
@@ -249,15 +249,15 @@ impl Leases {
             .context
             .get_stream_no_info(format!("KV_{}", self.bucket))
             .await
-            .map_err(ClusterError::nats(counting()))?;
+            .map_err(ClusterError::nats(counting))?;
         let prefix = format!("$KV.{}.", self.bucket);
         let subjects: Vec<(String, usize)> = stream
             .info_with_subjects(format!("{prefix}host.*"))
             .await
-            .map_err(ClusterError::nats(counting()))?
+            .map_err(ClusterError::nats(counting))?
             .try_collect()
             .await
-            .map_err(ClusterError::nats(counting()))?;
+            .map_err(ClusterError::nats(counting))?;
         let mine = self.host_key();
         let mut live = 1;
         for (subject, _) in subjects {
@@ -271,7 +271,7 @@ impl Leases {
                 .kv
                 .entry(key)
                 .await
-                .map_err(ClusterError::nats(counting()))?
+                .map_err(ClusterError::nats(counting))?
             else {
                 continue;
             };
@@ -314,7 +314,7 @@ impl Leases {
             tokio::time::sleep(self.ttl / 10).await;
             let entry = retrying(&what, || self.kv.entry(&key))
                 .await
-                .map_err(ClusterError::log(&what))?;
+                .map_err(ClusterError::log(|| what.as_str()))?;
             match entry {
                 Some(entry) if entry.revision == found => {}
                 // Moved: a heartbeat, or the host leaving just now.
@@ -329,14 +329,14 @@ impl Leases {
             }
         })
         .await
-        .map_err(ClusterError::log(&what))?;
+        .map_err(ClusterError::log(|| what.as_str()))?;
         // Not taken: another host's heartbeat moved the key, or this host's update landed
         // and its answer was lost (then the key holds this host's instance).
         self.beat = match taken {
             Some(revision) => revision,
             None => retrying(&what, || self.own_revision(&key))
                 .await
-                .map_err(ClusterError::log(&what))?
+                .map_err(ClusterError::log(|| what.as_str()))?
                 .ok_or_else(alive)?,
         };
         Ok(())
@@ -358,9 +358,9 @@ impl Leases {
         self.kv
             .put(agent_key(tenant, agent), Bytes::new())
             .await
-            .map_err(ClusterError::nats(format!(
-                "recording agent {tenant}/{agent}"
-            )))?;
+            .map_err(ClusterError::nats(|| {
+                format!("recording agent {tenant}/{agent}")
+            }))?;
         Ok(())
     }
 
@@ -382,18 +382,18 @@ impl Leases {
             token: format!("{:032x}", rand::random::<u128>()),
         };
         let value = Bytes::from(
-            serde_json::to_vec(&holding).map_err(ClusterError::record("a lease's holding"))?,
+            serde_json::to_vec(&holding).map_err(ClusterError::record(|| "a lease's holding"))?,
         );
         let entry = self
             .kv
             .entry(&key)
             .await
-            .map_err(ClusterError::nats(taking()))?;
+            .map_err(ClusterError::nats(taking))?;
         let won = match entry {
             None => match self.kv.create(&key, value).await {
                 Ok(revision) => Some(revision),
                 Err(e) if e.kind() == CreateErrorKind::AlreadyExists => None,
-                Err(e) => return Err(ClusterError::nats(taking())(e)),
+                Err(e) => return Err(ClusterError::nats(taking)(e)),
             },
             Some(entry) => {
                 let free = entry.operation != Operation::Put || self.expired(&key, entry.revision);
@@ -403,7 +403,7 @@ impl Leases {
                 match self.kv.update(&key, value, entry.revision).await {
                     Ok(revision) => Some(revision),
                     Err(e) if e.kind() == UpdateErrorKind::WrongLastRevision => None,
-                    Err(e) => return Err(ClusterError::nats(taking())(e)),
+                    Err(e) => return Err(ClusterError::nats(taking)(e)),
                 }
             }
         };
@@ -437,7 +437,7 @@ impl Leases {
         let mut holders = Vec::with_capacity(partitions as usize);
         for partition in 0..partitions {
             let reading =
-                ClusterError::nats(format!("{}: reading {}", self.bucket, key(partition)));
+                ClusterError::nats(|| format!("{}: reading {}", self.bucket, key(partition)));
             let holder = match self.kv.entry(key(partition)).await.map_err(reading)? {
                 Some(entry) if entry.operation == Operation::Put => {
                     serde_json::from_slice::<Holding>(&entry.value)

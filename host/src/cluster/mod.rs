@@ -110,23 +110,25 @@ impl Layout {
                 return Err(missing());
             }
             Err(e) => {
-                return Err(ClusterError::nats(format!(
-                    "reading the lease bucket {bucket}"
-                ))(e));
+                return Err(ClusterError::nats(|| {
+                    format!("reading the lease bucket {bucket}")
+                })(e));
             }
         }
         let leases = context
             .get_key_value(&bucket)
             .await
-            .map_err(ClusterError::nats(format!(
-                "opening the lease bucket {bucket}"
-            )))?;
+            .map_err(ClusterError::nats(|| {
+                format!("opening the lease bucket {bucket}")
+            }))?;
         let layout = leases
             .get("layout")
             .await
-            .map_err(ClusterError::nats(format!("{bucket}: reading the layout")))?
+            .map_err(ClusterError::nats(|| {
+                format!("{bucket}: reading the layout")
+            }))?
             .ok_or_else(missing)?;
-        serde_json::from_slice(&layout).map_err(ClusterError::record("the recorded layout"))
+        serde_json::from_slice(&layout).map_err(ClusterError::record(|| "the recorded layout"))
     }
 
     /// Fails, naming the agents it does run, unless a host of this cluster was started
@@ -144,13 +146,13 @@ impl Layout {
         let leases = context
             .get_key_value(&bucket)
             .await
-            .map_err(ClusterError::nats(format!(
-                "opening the lease bucket {bucket}"
-            )))?;
+            .map_err(ClusterError::nats(|| {
+                format!("opening the lease bucket {bucket}")
+            }))?;
         if leases
             .get(lease::agent_key(tenant, agent))
             .await
-            .map_err(ClusterError::nats(reading()))?
+            .map_err(ClusterError::nats(reading))?
             .is_some()
         {
             return Ok(());
@@ -160,13 +162,13 @@ impl Layout {
         let mut runs: Vec<String> = context
             .get_stream_no_info(format!("KV_{bucket}"))
             .await
-            .map_err(ClusterError::nats(reading()))?
+            .map_err(ClusterError::nats(reading))?
             .info_with_subjects(format!("{prefix}*.*"))
             .await
-            .map_err(ClusterError::nats(reading()))?
+            .map_err(ClusterError::nats(reading))?
             .try_collect::<Vec<(String, usize)>>()
             .await
-            .map_err(ClusterError::nats(reading()))?
+            .map_err(ClusterError::nats(reading))?
             .into_iter()
             .filter_map(|(subject, _)| {
                 subject
@@ -217,7 +219,7 @@ impl Layout {
                 incarnation: Some(incarnation),
             };
             let bytes =
-                serde_json::to_vec(&recorded).map_err(ClusterError::record("the layout"))?;
+                serde_json::to_vec(&recorded).map_err(ClusterError::record(|| "the layout"))?;
             Ok((Bytes::from(bytes), incarnation))
         };
         let (mine, incarnation) = record(self)?;
@@ -232,7 +234,7 @@ impl Layout {
                 Created::Found(entry) => entry,
             };
             let recorded: Recorded = serde_json::from_slice(&entry.value)
-                .map_err(ClusterError::record("the recorded layout"))?;
+                .map_err(ClusterError::record(|| "the recorded layout"))?;
             ensure(&recorded.layout == self, || {
                 format!(
                     "the cluster `{}` has {}; this host was started with {}: start it with \
@@ -333,7 +335,7 @@ pub async fn run_host(
         .nats
         .connect()
         .await
-        .map_err(ClusterError::log("connecting to NATS"))?;
+        .map_err(ClusterError::log(|| "connecting to NATS"))?;
     let mut context = jetstream::new(client);
     // Requests to a stream whose server just died wait this long for nothing; every
     // request here is retried, so a short wait moves on sooner.

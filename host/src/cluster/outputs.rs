@@ -35,7 +35,7 @@ pub async fn read_outputs(
     partition: u32,
     from: u64,
 ) -> Result<Vec<(u64, OutputRecord)>, ClusterError> {
-    let reading = || ClusterError::log("reading the outputs");
+    let reading = || ClusterError::log(|| "reading the outputs");
     let (start, end) = log.bounds(partition).await.map_err(reading())?;
     let mut next = from.max(start);
     let mut outputs = Vec::new();
@@ -45,10 +45,9 @@ pub async fn read_outputs(
         next = last.offset + 1;
         for record in batch {
             let output: OutputRecord =
-                serde_json::from_slice(&record.payload).map_err(ClusterError::record(format!(
-                    "output at offset {} is not an output",
-                    record.offset
-                )))?;
+                serde_json::from_slice(&record.payload).map_err(ClusterError::record(|| {
+                    format!("output at offset {} is not an output", record.offset)
+                }))?;
             outputs.push((record.offset, output));
         }
     }

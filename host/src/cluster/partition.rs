@@ -61,7 +61,7 @@ async fn fenced(
     let authority: Arc<dyn Authority> = Arc::clone(lease) as Arc<dyn Authority>;
     let log = JetStreamLog::open(context.clone(), vec![spec], Some(authority))
         .await
-        .map_err(ClusterError::log(format!("opening {name}")))?;
+        .map_err(ClusterError::log(|| format!("opening {name}")))?;
     Ok(Arc::new(log))
 }
 
