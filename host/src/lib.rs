@@ -5,8 +5,9 @@
 //! The modules, from the outside in (each uses only those below it):
 //! - [`server`] and [`cluster`]: the other ways in beside `rewind run`: many tenants over
 //!   HTTP on one machine, and one agent's partitions shared by hosts over NATS JetStream;
-//! - [`agent`]: an agent's actions and functions, the path of an input through them, and
-//!   the scheduler that takes checkpoints;
+//! - [`keys`]: the per-key core (each key's inputs in order, its memory, retries and
+//!   parked inputs) and `rewind run`'s front end over it, which takes checkpoints;
+//! - [`agent`]: an agent's actions and functions, and the path of one input through them;
 //! - [`checkpoint`]: checkpoints (the cut and its marker) and where they are kept;
 //! - [`sandbox`]: compiling, checking and running components, with limits;
 //! - [`durable`]: the durable call (hit, miss, divergence), over a store and functions;
@@ -25,6 +26,7 @@ pub mod crash;
 pub mod durable;
 pub mod event;
 pub mod functions;
+pub mod keys;
 pub mod kit;
 pub mod log;
 pub mod private;

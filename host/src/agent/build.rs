@@ -268,6 +268,7 @@ impl AgentBuilder {
             limits: config.limits,
             unhandled_events: config.unhandled_events,
             parallelism: config.parallelism,
+            retry: config.retry,
             sandbox: self.sandbox,
             store: self
                 .store

@@ -38,6 +38,34 @@ pub struct AgentConfig {
     pub functions: BTreeMap<String, FunctionConfig>,
     #[serde(default)]
     pub state: StateConfig,
+    #[serde(default)]
+    pub retry: RetryConfig,
+}
+
+/// `[retry]`: how an input whose run failed (a trap, a limit, the action's own error, a
+/// function that could not be reached) is run again before it is parked. Each retry waits a
+/// random time between 0 and `initial-ms` × 2^(retry − 1), at most `max-ms` (exponential
+/// backoff with full jitter); its recorded calls are served, not made again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
+pub struct RetryConfig {
+    /// Runs of an input before it is parked, the first one included. Default 3; 1 parks an
+    /// input at its first failure.
+    pub attempts: u32,
+    /// The bound on the first retry's wait, in milliseconds. Default 1000.
+    pub initial_ms: u64,
+    /// The bound on any retry's wait, in milliseconds. Default 60,000.
+    pub max_ms: u64,
+}
+
+impl Default for RetryConfig {
+    fn default() -> Self {
+        Self {
+            attempts: 3,
+            initial_ms: 1000,
+            max_ms: 60_000,
+        }
+    }
 }
 
 /// `unhandled-events`: what becomes of an event of a kind no action's `on` names (and not
@@ -224,6 +252,15 @@ impl AgentConfig {
         if self.parallelism == 0 {
             return Err("`parallelism` must be at least 1".to_owned());
         }
+        if self.retry.attempts == 0 {
+            return Err("`retry.attempts` must be at least 1 (the first run counts)".to_owned());
+        }
+        if self.retry.max_ms < self.retry.initial_ms {
+            return Err(format!(
+                "`retry.max-ms` ({}) is less than `retry.initial-ms` ({})",
+                self.retry.max_ms, self.retry.initial_ms
+            ));
+        }
         if self.actions.is_empty() {
             return Err("no `[[actions]]`: an agent needs at least one action".to_owned());
         }
@@ -395,6 +432,33 @@ on = ["input"]
         }
         let file = parse(&format!("{MINIMAL}\n[state]\nrefresh-batch = 16\n")).expect("valid");
         assert_eq!(file.config.state.refresh_batch, 16);
+    }
+
+    #[test]
+    fn retry_settings_are_read_and_checked() {
+        let file = parse(MINIMAL).expect("valid");
+        assert_eq!(file.config.retry, RetryConfig::default());
+        let file = parse(&format!(
+            "{MINIMAL}\n[retry]\nattempts = 5\ninitial-ms = 10\nmax-ms = 20\n"
+        ))
+        .expect("valid");
+        assert_eq!(
+            file.config.retry,
+            RetryConfig {
+                attempts: 5,
+                initial_ms: 10,
+                max_ms: 20
+            }
+        );
+        let err = parse(&format!("{MINIMAL}\n[retry]\nattempts = 0\n")).expect_err("zero");
+        assert!(err.to_string().contains("`retry.attempts`"), "{err}");
+        let err = parse(&format!(
+            "{MINIMAL}\n[retry]\ninitial-ms = 10\nmax-ms = 5\n"
+        ))
+        .expect_err("max below initial");
+        assert!(err.to_string().contains("`retry.max-ms` (5)"), "{err}");
+        let err = parse(&format!("{MINIMAL}\n[retry]\ntries = 2\n")).expect_err("unknown");
+        assert!(err.to_string().contains("tries"), "{err}");
     }
 
     #[test]

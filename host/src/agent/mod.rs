@@ -5,7 +5,6 @@ mod build;
 mod config;
 pub mod input;
 pub mod output;
-mod scheduler;
 mod task;
 
 use std::collections::{BTreeMap, VecDeque};
@@ -14,12 +13,9 @@ use std::sync::Arc;
 pub use build::{AgentBuilder, BuildError, Secrets};
 pub use config::{
     ActionConfig, AgentConfig, AgentFile, ConfigError, DEFAULT_PARALLELISM, FunctionConfig,
-    FunctionKind, StateConfig, UnhandledEvents,
+    FunctionKind, RetryConfig, StateConfig, UnhandledEvents,
 };
 pub use output::{JsonlSink, OutputSink, OutputWriter, WrittenIds};
-pub use scheduler::{
-    BlockedInputs, Checkpointing, Progress, Retention, RunOptions, Summary, run_inputs,
-};
 
 use crate::durable::digest::{input_trigger, sent_trigger};
 use crate::durable::{CallPolicy, CallStats, CallsByFunction, DurableCalls};
@@ -58,6 +54,7 @@ pub struct Agent {
     limits: Limits,
     unhandled_events: UnhandledEvents,
     parallelism: usize,
+    retry: RetryConfig,
     sandbox: Arc<Sandbox>,
     store: Arc<dyn ActionStateStore>,
 }
@@ -98,15 +95,6 @@ pub enum InputError {
     )]
     TooManyEvents { key: String, sequence: u64 },
     #[error(
-        "{key} #{sequence}: not run, because input #{failed} of this key failed first (inputs of \
-         a key run in order); run the inputs again to retry both"
-    )]
-    Blocked {
-        key: String,
-        sequence: u64,
-        failed: u64,
-    },
-    #[error(
         "{key} #{sequence}: an event of kind `{kind}` was sent, and no action handles it \
          (unhandled-events = \"fail\"): add the kind to an action's `on`, or send another"
     )]
@@ -115,12 +103,35 @@ pub enum InputError {
         sequence: u64,
         kind: String,
     },
+    /// The front end could not take what the input produced (more than a quota allows).
+    #[error("{key} #{sequence}: {message}")]
+    Refused {
+        key: String,
+        sequence: u64,
+        message: String,
+    },
     #[error("{key} #{sequence}: the host panicked while processing it: {message}")]
     Panicked {
         key: String,
         sequence: u64,
         message: String,
     },
+}
+
+impl InputError {
+    /// Whether the host, not the input, failed: the state log did not take a write, the
+    /// host could not set up the run, or it panicked. Such an input is not failed, retried
+    /// or parked: its key stops until the host recovers.
+    pub fn is_host_fault(&self) -> bool {
+        match self {
+            Self::Run { error, .. } => matches!(
+                error,
+                RunError::Host(_) | RunError::Fault(crate::durable::Fault::Store { .. })
+            ),
+            Self::Panicked { .. } => true,
+            Self::TooManyEvents { .. } | Self::Unhandled { .. } | Self::Refused { .. } => false,
+        }
+    }
 }
 
 impl Agent {
@@ -138,6 +149,11 @@ impl Agent {
 
     pub fn parallelism(&self) -> usize {
         self.parallelism
+    }
+
+    /// How a failed input of this agent is run again before it is parked.
+    pub fn retry(&self) -> RetryConfig {
+        self.retry
     }
 
     pub fn store(&self) -> &Arc<dyn ActionStateStore> {

@@ -8,9 +8,8 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use indicatif::{ProgressBar, ProgressStyle};
-use rewind_host::agent::{
-    Agent, AgentFile, Checkpointing, JsonlSink, Progress, RunOptions, Summary, input, run_inputs,
-};
+use rewind_host::agent::{Agent, AgentFile, JsonlSink, input};
+use rewind_host::keys::{Checkpointing, Progress, RunOptions, Summary, run_inputs};
 use rewind_host::log::Recovery;
 use rewind_host::sandbox::Sandbox;
 
@@ -159,14 +158,21 @@ fn write_calls(path: &Path, summary: &Summary) -> anyhow::Result<()> {
 
 fn print_summary(summary: &Summary) {
     eprintln!(
-        "inputs: {} accepted, {} completed, {} failed, {} blocked behind a failed input, {} \
-         malformed lines",
+        "inputs: {} accepted, {} completed, {} parked, {} waiting behind a parked input, {} \
+         malformed lines; {} failed attempts retried",
         summary.inputs,
         summary.completed,
-        summary.failed.len(),
-        summary.blocked_inputs(),
-        summary.malformed.len()
+        summary.parked.len(),
+        summary.waiting_inputs(),
+        summary.malformed.len(),
+        summary.retries
     );
+    if !summary.stopped.is_empty() {
+        eprintln!(
+            "inputs: {} stopped by a fault of the host (not failed: run again by the next run)",
+            summary.stopped.len()
+        );
+    }
     eprintln!(
         "actions: {} runs, {} re-applied from records",
         summary.runs, summary.reapplied
@@ -195,28 +201,37 @@ fn print_summary(summary: &Summary) {
     for error in summary.malformed.iter().take(10) {
         eprintln!("malformed input {error}");
     }
-    for error in summary.failed.iter().take(10) {
-        eprintln!("failed: {error}");
+    for error in summary.parked.iter().take(10) {
+        eprintln!("parked: {error}");
     }
-    if summary.failed.len() > 10 {
-        eprintln!("failed: {} more inputs", summary.failed.len() - 10);
+    if summary.parked.len() > 10 {
+        eprintln!("parked: {} more inputs", summary.parked.len() - 10);
     }
-    for (key, blocked) in summary.blocked.iter().take(10) {
-        let which = if blocked.inputs == 1 {
-            format!("1 input (#{})", blocked.first)
+    for (key, sequence, fault) in summary.stopped.iter().take(10) {
+        eprintln!("stopped: {key} #{sequence}: {fault}");
+    }
+    for (key, waiting) in summary.waiting.iter().take(10) {
+        let which = if waiting.inputs == 1 {
+            format!("1 input (#{})", waiting.first)
         } else {
             format!(
                 "{} inputs (#{} to #{})",
-                blocked.inputs, blocked.first, blocked.last
+                waiting.inputs, waiting.first, waiting.last
             )
         };
         eprintln!(
-            "blocked: {key}: {which} not run, because #{} of this key failed first (inputs of \
-             a key run in order); running the same command again retries them",
-            blocked.behind
+            "waiting: {key}: {which} not run, because #{} of this key did not complete first \
+             (inputs of a key run in order)",
+            waiting.behind
         );
     }
-    if summary.blocked.len() > 10 {
-        eprintln!("blocked: {} more keys", summary.blocked.len() - 10);
+    if summary.waiting.len() > 10 {
+        eprintln!("waiting: {} more keys", summary.waiting.len() - 10);
+    }
+    if !summary.parked.is_empty() || !summary.stopped.is_empty() {
+        eprintln!(
+            "running the same command again (on the same --state) retries every parked input, \
+             then the inputs waiting behind it"
+        );
     }
 }

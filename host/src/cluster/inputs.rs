@@ -23,9 +23,9 @@ use tokio::sync::mpsc;
 use super::Layout;
 use super::error::{ClusterError, ensure};
 use super::events::{Events, Verdict};
-use crate::agent::Retention;
 use crate::agent::input::{InputLine, LineError, MAX_EVENT_ID, parse_line};
 use crate::checkpoint::Checkpoint;
+use crate::keys::Retention;
 use crate::log::jetstream::ensure_stream;
 use crate::store::{Digest, KeyScope};
 

@@ -32,7 +32,8 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::agent::{AgentFile, Summary};
+use crate::agent::AgentFile;
+use crate::keys::Summary;
 use crate::log::jetstream::{RETRY_FOR, backoff};
 use crate::sandbox::Sandbox;
 use crate::store::Incarnation;
@@ -569,8 +570,9 @@ async fn stop(run: Running) -> bool {
             tracing::info!(
                 partition = number,
                 completed = summary.completed,
-                failed = summary.failed.len(),
-                blocked = summary.blocked_inputs(),
+                parked = summary.parked.len(),
+                stopped = summary.stopped.len(),
+                waiting = summary.waiting_inputs(),
                 "partition stopped"
             );
             true

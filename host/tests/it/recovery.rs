@@ -4,8 +4,9 @@ use std::path::Path;
 use std::sync::Arc;
 
 use rewind_host::agent::input::InputLine;
-use rewind_host::agent::{Agent, Checkpointing, JsonlSink, RunOptions, Summary, run_inputs};
+use rewind_host::agent::{Agent, JsonlSink};
 use rewind_host::checkpoint::{CheckpointStore, FileCheckpoints};
+use rewind_host::keys::{Checkpointing, RunOptions, Summary, run_inputs};
 use rewind_host::log::{FileLog, FileLogOptions, Log};
 use rewind_host::store::{ActionStateStore, KeyScope, LogStore, MarkerStrategy};
 use serde_json::{Value, json};
@@ -146,7 +147,8 @@ async fn lookup_and_gate() -> (rewind_mock::MockHandle, String) {
         "caller",
         "",
         &format!(
-            "[functions.lookup]\nkind = \"http\"\nurl = \"{}/tools/orders.lookup\"\n\n[functions.gate]\nkind = \"custom\"\n",
+            // One attempt per process: a failed input stays pending for the next one.
+            "[retry]\nattempts = 1\n\n[functions.lookup]\nkind = \"http\"\nurl = \"{}/tools/orders.lookup\"\n\n[functions.gate]\nkind = \"custom\"\n",
             mock.base_url()
         ),
     );
@@ -168,7 +170,7 @@ async fn pending_call_survives_repeated_checkpoint_restore_and_completes() {
         let lines = [line];
 
         let (first, _) = process(dir.path(), Shape::at_end(strategy), &toml, &gate, &lines).await;
-        assert_eq!(first.failed.len(), 1, "{strategy:?}: {first:?}");
+        assert_eq!(first.parked.len(), 1, "{strategy:?}: {first:?}");
         let checkpoints = FileCheckpoints::new(dir.path().join("checkpoints"));
         let taken = checkpoints
             .latest()
@@ -183,7 +185,7 @@ async fn pending_call_survives_repeated_checkpoint_restore_and_completes() {
 
         let (second, _) = process(dir.path(), Shape::at_end(strategy), &toml, &gate, &[]).await;
         assert_eq!(
-            second.failed.len(),
+            second.parked.len(),
             1,
             "{strategy:?}: restored once, still pending"
         );
@@ -288,7 +290,7 @@ async fn retention_keeps_what_the_oldest_checkpoint_needs() {
         };
         let (first, _) = process(dir.path(), shape, &toml, &gate, &lines).await;
         assert_eq!(
-            (first.completed, first.failed.len()),
+            (first.completed, first.parked.len()),
             (40, 1),
             "{strategy:?}"
         );

@@ -3,7 +3,8 @@
 use std::sync::Arc;
 
 use rewind_host::agent::input::InputLine;
-use rewind_host::agent::{InputReport, JsonlSink, RunOptions, run_inputs};
+use rewind_host::agent::{InputReport, JsonlSink};
+use rewind_host::keys::{RunOptions, run_inputs};
 use rewind_host::sandbox::LoadError;
 use serde_json::json;
 
@@ -217,7 +218,7 @@ fn a_component_without_the_run_export_is_refused() {
 #[derive(Default)]
 struct Order(std::sync::Mutex<Vec<(String, bool)>>);
 
-impl rewind_host::agent::Progress for Order {
+impl rewind_host::keys::Progress for Order {
     fn finished(&self, input: &rewind_host::event::Input, completed: bool) {
         self.0
             .lock()
@@ -231,7 +232,7 @@ async fn other_keys_keep_running_while_one_key_spins() {
     let toml = agent_toml(
         "hostile",
         "parallelism = 4",
-        "[limits]\nfuel = 1_000_000_000_000\ntimeout-ms = 3000\n",
+        "[limits]\nfuel = 1_000_000_000_000\ntimeout-ms = 3000\n\n[retry]\nattempts = 1\n",
     );
     let agent = Arc::new(agent_with(&toml, memory_store(), &[]));
     let mut lines = vec![Ok(InputLine {
@@ -260,7 +261,7 @@ async fn other_keys_keep_running_while_one_key_spins() {
     .await
     .expect("run");
     assert_eq!(summary.completed, 20, "{summary:?}");
-    let failure = summary.failed[0].to_string();
+    let failure = summary.parked[0].to_string();
     assert!(
         failure.contains("spinner") && failure.contains("timeout-ms"),
         "{failure}"

@@ -7,8 +7,8 @@ use serde_json::Value;
 
 use crate::support::{guest, guests_dir, workspace_root};
 
-mod blocked;
 mod lock;
+mod parked;
 
 pub(super) fn rewind(dir: &Path) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_rewind"));
@@ -66,7 +66,7 @@ fn malformed_input_lines_are_reported_by_line_number_and_the_run_goes_on() {
     assert!(stderr.contains("line 2"), "{stderr}");
     assert!(
         stderr.contains(
-            "2 accepted, 2 completed, 0 failed, 0 blocked behind a failed input, 1 malformed"
+            "2 accepted, 2 completed, 0 parked, 0 waiting behind a parked input, 1 malformed"
         ),
         "{stderr}"
     );

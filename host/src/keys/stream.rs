@@ -1,4 +1,5 @@
-//! Running many inputs: one input per key in flight, many keys at once.
+//! The front end of `rewind run` and `rewind cluster`: inputs from a stream of lines,
+//! outputs to a sink, progress saved in checkpoints.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -6,12 +7,12 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use futures_util::{Stream, StreamExt as _};
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 
-use super::input::{InputLine, LineError};
-use super::output::OutputSink;
-use super::task::AbortOnDrop;
-use super::{Agent, InputError, InputReport, Memory, StateConfig};
+use super::{Front, Head, Keys, Next, Queued, Refusal};
+use crate::agent::input::{InputLine, LineError};
+use crate::agent::output::OutputSink;
+use crate::agent::{Agent, InputError, InputReport, Memory, StateConfig};
 use crate::checkpoint::{Checkpoint, CheckpointId, CheckpointStore, KeyProgress, PendingInput};
 use crate::crash::{self, CrashPoint};
 use crate::durable::{CallStats, CallsByFunction};
@@ -35,10 +36,15 @@ pub struct Summary {
     /// Lines that were not valid inputs, with why.
     pub malformed: Vec<LineError>,
     pub completed: u64,
-    /// Inputs that ran and did not complete, with why.
-    pub failed: Vec<InputError>,
-    /// Per key with a failed input: its later inputs, which were not run.
-    pub blocked: BTreeMap<String, BlockedInputs>,
+    /// Failed attempts that were retried.
+    pub retries: u64,
+    /// Inputs parked after their last attempt failed, each with its last error.
+    pub parked: Vec<InputError>,
+    /// Per key with a parked or stopped input: its later inputs, which wait behind it.
+    pub waiting: BTreeMap<String, WaitingInputs>,
+    /// Inputs whose key a host fault stopped (the state log failed a write, the host
+    /// panicked), each with the fault: not finished, run again by the next run.
+    pub stopped: Vec<(String, u64, String)>,
     /// Outputs written.
     pub outputs: u64,
     /// Outputs dropped because their id had been written already.
@@ -54,11 +60,11 @@ pub struct Summary {
     pub elapsed: Duration,
 }
 
-/// The inputs of one key that wait behind its input that failed: not run, still pending,
-/// so a run from the checkpoint runs the failed one and then them.
+/// The inputs of one key that wait behind its parked (or stopped) input: not run, still
+/// pending, so a run from the checkpoint runs that one and then them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct BlockedInputs {
-    /// The sequence of the input that failed.
+pub struct WaitingInputs {
+    /// The sequence of the input they wait behind.
     pub behind: u64,
     /// How many inputs wait, and the first and last of their sequences.
     pub inputs: u64,
@@ -67,14 +73,17 @@ pub struct BlockedInputs {
 }
 
 impl Summary {
-    /// Inputs not run because an earlier input of their key failed.
-    pub fn blocked_inputs(&self) -> u64 {
-        self.blocked.values().map(|b| b.inputs).sum()
+    /// Inputs not run because an earlier input of their key is parked or stopped.
+    pub fn waiting_inputs(&self) -> u64 {
+        self.waiting.values().map(|b| b.inputs).sum()
     }
 
     /// Whether every input accepted completed and every line was an input.
     pub fn all_completed(&self) -> bool {
-        self.failed.is_empty() && self.blocked.is_empty() && self.malformed.is_empty()
+        self.parked.is_empty()
+            && self.stopped.is_empty()
+            && self.waiting.is_empty()
+            && self.malformed.is_empty()
     }
 }
 
@@ -148,24 +157,14 @@ struct Tracker {
     keys: HashMap<String, (u64, u64)>,
     /// Accepted and not complete, by (key, sequence).
     pending: BTreeMap<(String, u64), PendingInput>,
-    /// Of `pending`, those that failed or wait behind one that failed: they hold no worker
-    /// and are not run again in this run, so they do not count against intake.
-    stalled: usize,
-}
-
-impl Tracker {
-    /// Accepted inputs that are queued or running.
-    fn in_flight(&self) -> usize {
-        self.pending.len() - self.stalled
-    }
 }
 
 /// Checkpoints failing in a row that stop a run (see `Run::checkpoint`).
 pub const FAILED_CHECKPOINTS_TO_STOP: u32 = 5;
 
 /// Inputs queued or running at once, per unit of parallelism; intake waits beyond this.
-/// Inputs that failed, or wait behind one that did, do not count: a failed key must not
-/// stop the others.
+/// Parked inputs, and those that wait behind one, do not count: a parked key must not stop
+/// the others.
 const IN_FLIGHT_PER_KEY_SLOT: usize = 64;
 
 /// Processes `lines` through `agent`, writing outputs to `sink` as inputs complete.
@@ -177,11 +176,14 @@ const IN_FLIGHT_PER_KEY_SLOT: usize = 64;
 /// finished and a last checkpoint taken.
 ///
 /// Inputs of one key run one at a time in file order, and the n-th input of a key gets
-/// sequence n; up to the agent's `parallelism` keys run at once. When an input fails, the
-/// later inputs of its key are not run (they are counted in [`Summary::blocked`]), so that
-/// no input runs on top of a key whose earlier input did not complete; every other key goes
-/// on, and `lines` is read to its end. Failed and blocked inputs stay pending: a run that
-/// resumes from a checkpoint runs them again, in order.
+/// sequence n; up to the agent's `parallelism` keys run at once. An input whose run fails
+/// is retried as the agent's `[retry]` says, then parked: the later inputs of its key are
+/// not run (they are counted in [`Summary::waiting`]), so that no input runs on top of a
+/// key whose earlier input did not complete; every other key goes on, and `lines` is read
+/// to its end, and the run ends once only parked inputs and those behind them are left.
+/// They stay pending: a run that resumes from a checkpoint runs them again, in order (an
+/// operator's retry of every parked input). A host fault (the state log failed a write)
+/// stops the input's key the same way, counted in [`Summary::stopped`].
 ///
 /// With `options.resume`, the checkpoint's keys and memory are restored, its pending inputs
 /// run first, and `lines` resume after its input position. With `options.checkpointing`,
@@ -196,15 +198,17 @@ pub async fn run_inputs<S: OutputSink>(
     options: RunOptions<'_>,
 ) -> std::io::Result<Summary> {
     let started = Instant::now();
-    let (done_tx, done_rx) = mpsc::unbounded_channel::<(Input, InputReport)>();
-    let mut run = Run {
+    let (done, done_rx) = mpsc::unbounded_channel();
+    let front = StreamFront {
         agent: Arc::clone(&agent),
         permits: Arc::new(Semaphore::new(agent.parallelism())),
-        done_tx: Some(done_tx),
+        done,
+    };
+    let mut run = Run {
+        agent: Arc::clone(&agent),
+        keys: Keys::new(Arc::new(front)),
         done_rx,
-        workers: HashMap::new(),
         memory: HashMap::new(),
-        worker_tasks: Vec::new(),
         tracker: Tracker::default(),
         summary: Summary::default(),
         sink,
@@ -222,12 +226,12 @@ pub async fn run_inputs<S: OutputSink>(
     let max_in_flight = agent.parallelism() * IN_FLIGHT_PER_KEY_SLOT;
     let mut lines = lines;
     loop {
-        let intake = run.tracker.in_flight() < max_in_flight;
+        let intake = run.in_flight() < max_in_flight;
         let due = run.checkpoint_time();
         let next = tokio::select! {
             biased;
-            Some((input, report)) = run.done_rx.recv() => {
-                run.record(&input, report).await?;
+            Some(done) = run.done_rx.recv() => {
+                run.record(done).await?;
                 continue;
             }
             () = tokio::time::sleep_until(due.unwrap_or_else(far_future).into()), if due.is_some() => {
@@ -261,17 +265,79 @@ fn far_future() -> Instant {
     Instant::now() + Duration::from_secs(86_400)
 }
 
-struct Run<'a, S: OutputSink> {
+/// What the keys report to the run, in the order it happened per key.
+enum Done {
+    Completed(Input, InputReport),
+    Failed(Input, InputReport, InputError, Next),
+    Stopped(Input, String),
+}
+
+/// The run's side of the core: a slot is one of `parallelism` permits; what the keys report
+/// goes to the run's loop, which writes outputs and takes checkpoints.
+struct StreamFront {
     agent: Arc<Agent>,
     permits: Arc<Semaphore>,
-    done_tx: Option<mpsc::UnboundedSender<(Input, InputReport)>>,
-    done_rx: mpsc::UnboundedReceiver<(Input, InputReport)>,
-    workers: HashMap<String, mpsc::UnboundedSender<Input>>,
-    /// Each key's memory as its last completed input left it: what a checkpoint records,
-    /// and what a key's worker starts from.
+    done: mpsc::UnboundedSender<Done>,
+}
+
+#[async_trait]
+impl Front for StreamFront {
+    type Key = String;
+    type Extra = ();
+    type Slot = OwnedSemaphorePermit;
+
+    async fn slot(&self) -> Option<OwnedSemaphorePermit> {
+        Arc::clone(&self.permits).acquire_owned().await.ok()
+    }
+
+    async fn agent(&self, _: &String, _: &Queued<()>) -> Result<Arc<Agent>, String> {
+        Ok(Arc::clone(&self.agent))
+    }
+
+    async fn completed(
+        &self,
+        _: &String,
+        queued: &Queued<()>,
+        report: InputReport,
+    ) -> Result<(), Refusal> {
+        // The run's loop is gone only when the run was dropped: nothing is recorded then.
+        let _ = self
+            .done
+            .send(Done::Completed(queued.input.clone(), report));
+        Ok(())
+    }
+
+    async fn failed(
+        &self,
+        _: &String,
+        queued: &Queued<()>,
+        report: InputReport,
+        error: InputError,
+        next: Next,
+    ) {
+        let _ = self
+            .done
+            .send(Done::Failed(queued.input.clone(), report, error, next));
+    }
+
+    async fn stopped(&self, _: &String, queued: &Queued<()>, fault: &str) {
+        let _ = self
+            .done
+            .send(Done::Stopped(queued.input.clone(), fault.to_owned()));
+    }
+
+    async fn skipped(&self, _: &String, _: &Queued<()>, _: &str, _: &str) -> Result<(), String> {
+        Err("a run skips no input while it runs".to_owned())
+    }
+}
+
+struct Run<'a, S: OutputSink> {
+    agent: Arc<Agent>,
+    /// Every key's inputs: dropping them stops the keys' workers.
+    keys: Keys<StreamFront>,
+    done_rx: mpsc::UnboundedReceiver<Done>,
+    /// Each key's memory as its last completed input left it: what a checkpoint records.
     memory: HashMap<String, Memory>,
-    /// The key workers' tasks: aborted if the run is dropped before it finishes.
-    worker_tasks: Vec<AbortOnDrop<()>>,
     tracker: Tracker,
     summary: Summary,
     sink: &'a mut S,
@@ -288,6 +354,15 @@ struct Run<'a, S: OutputSink> {
 }
 
 impl<S: OutputSink> Run<'_, S> {
+    /// Accepted inputs that are queued, running or retrying: not parked, and not waiting
+    /// behind a parked input.
+    fn in_flight(&self) -> usize {
+        self.tracker
+            .pending
+            .len()
+            .saturating_sub(self.keys.stalled())
+    }
+
     /// Restores keys, memory and position from `checkpoint` and queues its pending inputs.
     fn restore(&mut self, checkpoint: &Checkpoint) {
         self.tracker.position = checkpoint.input_position;
@@ -296,8 +371,10 @@ impl<S: OutputSink> Run<'_, S> {
                 key.clone(),
                 (progress.next_sequence, progress.last_completed),
             );
-            self.memory
-                .insert(key.clone(), Arc::new(progress.memory.clone()));
+            let memory = Arc::new(progress.memory.clone());
+            self.keys
+                .restore(key.clone(), progress.next_sequence, Arc::clone(&memory));
+            self.memory.insert(key.clone(), memory);
         }
         let mut pending = checkpoint.pending.clone();
         pending.sort_by(|a, b| (&a.key, a.sequence).cmp(&(&b.key, b.sequence)));
@@ -318,9 +395,9 @@ impl<S: OutputSink> Run<'_, S> {
         self.progress.accepted();
         self.tracker.position = line.line as u64;
         self.changed = true;
+        let sequence = self.keys.take_sequence(&line.key);
         let (next, _) = self.tracker.keys.entry(line.key.clone()).or_insert((1, 0));
-        let sequence = *next;
-        *next += 1;
+        *next = sequence + 1;
         self.since_checkpoint.0 += 1;
         self.dispatch(Input {
             key: line.key,
@@ -338,43 +415,14 @@ impl<S: OutputSink> Run<'_, S> {
                 payload: input.payload.clone(),
             },
         );
-        let Some(done) = self.done_tx.clone() else {
-            return;
-        };
-        let queue = self.workers.entry(input.key.clone()).or_insert_with(|| {
-            let (tx, rx) = mpsc::unbounded_channel();
-            let memory = self.memory.get(&input.key).cloned().unwrap_or_default();
-            self.worker_tasks.push(AbortOnDrop(tokio::spawn(key_worker(
-                Arc::clone(&self.agent),
-                memory,
-                rx,
-                Arc::clone(&self.permits),
-                done,
-            ))));
-            tx
-        });
-        if let Err(mpsc::error::SendError(input)) = queue.send(input) {
-            // The worker is gone; only a bug gets here, and the input is still counted.
-            let report = InputReport {
-                error: Some(InputError::Panicked {
-                    key: input.key.clone(),
-                    sequence: input.sequence,
-                    message: "the key's worker stopped".to_owned(),
-                }),
-                ..InputReport::default()
-            };
-            if let Some(done) = &self.done_tx {
-                let _ = done.send((input, report));
-            }
-        }
+        self.keys
+            .push(input.key.clone(), Queued { input, extra: () });
     }
 
-    /// Waits for every accepted input, checkpointing on time meanwhile, then takes the
-    /// final checkpoint.
+    /// Waits for every accepted input to complete or stall (parked, stopped, or waiting
+    /// behind one), checkpointing on time meanwhile, then takes the final checkpoint.
     async fn finish(&mut self) -> std::io::Result<()> {
-        self.workers.clear();
-        self.done_tx = None;
-        loop {
+        while self.in_flight() > 0 {
             let due = self.checkpoint_time();
             let next = tokio::select! {
                 next = self.done_rx.recv() => next,
@@ -383,8 +431,28 @@ impl<S: OutputSink> Run<'_, S> {
                     continue;
                 }
             };
-            let Some((input, report)) = next else { break };
-            self.record(&input, report).await?;
+            // The front holds a sender as long as the keys live.
+            let Some(done) = next else { break };
+            self.record(done).await?;
+        }
+        for stalled in self.keys.stalled_keys() {
+            let behind = match stalled.head {
+                Head::Parked { sequence, .. } | Head::Stopped { sequence, .. } => sequence,
+                _ => continue,
+            };
+            let (Some(&first), Some(&last)) = (stalled.waiting.first(), stalled.waiting.last())
+            else {
+                continue;
+            };
+            self.summary.waiting.insert(
+                stalled.key,
+                WaitingInputs {
+                    behind,
+                    inputs: stalled.waiting.len() as u64,
+                    first,
+                    last,
+                },
+            );
         }
         self.sink.sync().await?;
         if self.checkpointing.is_some() {
@@ -554,96 +622,24 @@ async fn retain(checkpointing: &Checkpointing) {
     }
 }
 
-async fn key_worker(
-    agent: Arc<Agent>,
-    mut memory: Memory,
-    mut queue: mpsc::UnboundedReceiver<Input>,
-    permits: Arc<Semaphore>,
-    done: mpsc::UnboundedSender<(Input, InputReport)>,
-) {
-    let mut failed = None;
-    while let Some(input) = queue.recv().await {
-        let report = match failed {
-            Some(failed) => InputReport {
-                error: Some(InputError::Blocked {
-                    key: input.key.clone(),
-                    sequence: input.sequence,
-                    failed,
-                }),
-                ..InputReport::default()
-            },
-            None => {
-                let Ok(permit) = permits.acquire().await else {
-                    return;
-                };
-                let report = agent.process_isolated(&input, &memory).await;
-                drop(permit);
-                memory = Arc::clone(&report.memory);
-                report
-            }
-        };
-        if report.error.is_some() && failed.is_none() {
-            failed = Some(input.sequence);
-        }
-        if done.send((input, report)).is_err() {
-            return;
-        }
-    }
-}
-
 impl<S: OutputSink> Run<'_, S> {
-    async fn record(&mut self, input: &Input, report: InputReport) -> std::io::Result<()> {
+    async fn record(&mut self, done: Done) -> std::io::Result<()> {
         self.changed = true;
-        let summary = &mut self.summary;
-        // Only a completed input's outputs: a failed one stays pending, and when it runs
-        // again its completed actions are re-applied and give the same outputs then. (Written
-        // now, they would be past the next checkpoint's output position, where a sink that
-        // resumes from it could not know them, and written twice.)
-        let outputs = if report.error.is_none() {
-            &report.outputs[..]
-        } else {
-            &[]
-        };
-        for output in outputs {
-            if self.sink.write(output).await? {
-                summary.outputs += 1;
-            } else {
-                summary.duplicates += 1;
-            }
-        }
-        summary.runs += report.runs;
-        summary.reapplied += report.reapplied;
-        summary.calls += report.calls;
-        summary.calls_by_function += &report.calls_by_function;
-        summary.unhandled += report.unhandled;
-        let completed = report.error.is_none();
-        match report.error {
-            Some(InputError::Blocked {
-                key,
-                sequence,
-                failed,
-            }) => {
-                // Stays pending, behind the input that failed: one line for the key in the
-                // summary, not one per input.
-                self.tracker.stalled += 1;
-                summary
-                    .blocked
-                    .entry(key)
-                    .and_modify(|b| {
-                        b.inputs += 1;
-                        b.first = b.first.min(sequence);
-                        b.last = b.last.max(sequence);
-                    })
-                    .or_insert(BlockedInputs {
-                        behind: failed,
-                        inputs: 1,
-                        first: sequence,
-                        last: sequence,
-                    });
-            }
-            None => {
-                summary.completed += 1;
-                self.memory.insert(input.key.clone(), report.memory);
+        let report = match done {
+            Done::Completed(input, report) => {
+                // Only a completed input's outputs: a failed one stays pending, and when it
+                // runs again its completed actions are re-applied and give the same outputs
+                // then. (Written now, they would be past the next checkpoint's output
+                // position, where a sink that resumes from it could not know them, and
+                // written twice.)
+                for output in &report.outputs {
+                    if self.sink.write(output).await? {
+                        self.summary.outputs += 1;
+                    } else {
+                        self.summary.duplicates += 1;
+                    }
+                }
+                self.summary.completed += 1;
                 // Inputs of a key complete in order, so this is the key's last completed.
                 self.tracker
                     .pending
@@ -651,15 +647,36 @@ impl<S: OutputSink> Run<'_, S> {
                 if let Some((_, last)) = self.tracker.keys.get_mut(&input.key) {
                     *last = (*last).max(input.sequence);
                 }
+                self.memory
+                    .insert(input.key.clone(), Arc::clone(&report.memory));
+                self.progress.finished(&input, true);
+                report
             }
-            Some(error) => {
-                // It stays pending: a recovery runs it again.
-                self.tracker.stalled += 1;
-                tracing::error!(key = %input.key, sequence = input.sequence, "input failed: {error}");
-                summary.failed.push(error);
+            Done::Failed(input, report, error, next) => {
+                // It stays pending: retried now, or (parked) by the next run.
+                match next {
+                    Next::Retry { .. } => self.summary.retries += 1,
+                    Next::Parked { .. } => {
+                        self.summary.parked.push(error);
+                        self.progress.finished(&input, false);
+                    }
+                }
+                report
             }
-        }
-        self.progress.finished(input, completed);
+            Done::Stopped(input, fault) => {
+                self.progress.finished(&input, false);
+                self.summary
+                    .stopped
+                    .push((input.key.clone(), input.sequence, fault));
+                InputReport::default()
+            }
+        };
+        let summary = &mut self.summary;
+        summary.runs += report.runs;
+        summary.reapplied += report.reapplied;
+        summary.calls += report.calls;
+        summary.calls_by_function += &report.calls_by_function;
+        summary.unhandled += report.unhandled;
         Ok(())
     }
 }

@@ -1,5 +1,5 @@
-//! `rewind run` with an input that fails: its key's later inputs wait, every other key
-//! runs, and the run ends.
+//! `rewind run` with an input that fails: it is retried, then parked; its key's later
+//! inputs wait, every other key runs, and the run ends.
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -44,7 +44,7 @@ fn run_to_the_end(dir: &Path, agent: &Path, input: &Path) -> Output {
 /// One failing input on key `k`, `blocked` more on `k`, then 50 on other keys.
 fn blocked_behind_one_failure(blocked: usize) {
     let dir = tempfile::tempdir().expect("tempdir");
-    let agent = caller_agent(dir.path(), "");
+    let agent = caller_agent(dir.path(), "[retry]\nattempts = 2\ninitial-ms = 1\n");
     let mut lines =
         String::from("{\"key\":\"k\",\"payload\":{\"fail\":\"the first input fails\"}}\n");
     for _ in 0..blocked {
@@ -70,19 +70,31 @@ fn blocked_behind_one_failure(blocked: usize) {
     assert!(keys.iter().all(|key| key != "k"), "{keys:?}");
     assert!(
         stderr.contains(&format!(
-            "{} accepted, 50 completed, 1 failed, {blocked} blocked behind a failed input",
+            "{} accepted, 50 completed, 1 parked, {blocked} waiting behind a parked input, 0 \
+             malformed lines; 1 failed attempts retried",
             blocked + 51
         )),
         "{stderr}"
     );
     assert!(
         stderr.contains(&format!(
-            "blocked: k: {blocked} inputs (#2 to #{}) not run, because #1 of this key failed first",
+            "waiting: k: {blocked} inputs (#2 to #{}) not run, because #1 of this key did not \
+             complete first",
             blocked + 1
         )),
         "{stderr}"
     );
-    assert!(stderr.contains("the first input fails"), "{stderr}");
+    assert!(
+        stderr.contains(
+            "parked: k #1: action `work`: the action returned an error: the first \
+             input fails"
+        ),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("running the same command again (on the same --state) retries"),
+        "{stderr}"
+    );
     assert!(
         stderr.lines().count() < 30,
         "one line for the blocked key, not one per input: {stderr}"
@@ -90,11 +102,11 @@ fn blocked_behind_one_failure(blocked: usize) {
 }
 
 #[test]
-fn a_failed_input_blocks_only_its_own_key_and_the_run_ends() {
+fn a_parked_input_holds_back_only_its_own_key_and_the_run_ends() {
     blocked_behind_one_failure(700);
 }
 
 #[test]
-fn ten_thousand_inputs_blocked_behind_a_failure_do_not_stop_the_run() {
+fn ten_thousand_inputs_waiting_behind_a_parked_one_do_not_stop_the_run() {
     blocked_behind_one_failure(10_000);
 }

@@ -1,0 +1,546 @@
+//! The per-key core: for every key, its accepted inputs in order, one at a time; its
+//! sequence counter and short-term memory; and what becomes of an input whose run fails
+//! (retried with backoff, then parked until an operator retries or skips it).
+//!
+//! A front end feeds it inputs and records what it reports, through [`Front`]: `rewind run`
+//! and `rewind cluster` ([`run_inputs`], progress in checkpoints), `rewind serve` (progress
+//! in the tenant's journal). docs/SEMANTICS.md, "Failure of an input", states the rules.
+
+mod retry;
+mod stream;
+
+use std::collections::{HashMap, VecDeque};
+use std::fmt;
+use std::hash::Hash;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::task::JoinSet;
+
+pub use retry::delay;
+pub use stream::{
+    Checkpointing, FAILED_CHECKPOINTS_TO_STOP, Progress, Retention, RunOptions, Summary,
+    WaitingInputs, run_inputs,
+};
+
+use crate::agent::{Agent, InputError, InputReport, Memory};
+use crate::event::Input;
+
+/// What names a key to its front end: the key alone for one agent, or with its agent.
+pub trait KeyId: Clone + Eq + Hash + fmt::Debug + fmt::Display + Send + Sync + 'static {}
+
+impl<T: Clone + Eq + Hash + fmt::Debug + fmt::Display + Send + Sync + 'static> KeyId for T {}
+
+/// An accepted input, with what its front end keeps beside it (an event id, a version).
+#[derive(Clone, Debug)]
+pub struct Queued<X> {
+    pub input: Input,
+    pub extra: X,
+}
+
+/// What comes after an attempt that failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Next {
+    /// Attempt `attempt + 1` starts after `after`.
+    Retry { attempt: u32, after: Duration },
+    /// The input is parked after `attempts` attempts: its key's later inputs wait until an
+    /// operator retries or skips it.
+    Parked { attempts: u32 },
+}
+
+/// Why a front end did not record an input as completed.
+#[derive(Debug)]
+pub enum Refusal {
+    /// The input fails (it produced more than the front end takes): retried, then parked.
+    Failed(InputError),
+    /// The host could not record it (its log failed): the key stops, the input stays.
+    Fault(String),
+}
+
+/// Where a front end records progress, and what it gives the core to run inputs with.
+#[async_trait]
+pub trait Front: Send + Sync + 'static {
+    type Key: KeyId;
+    type Extra: Clone + Send + Sync + 'static;
+    /// What an input holds while it runs (permits of the run slots it counts against).
+    type Slot: Send;
+
+    /// Waits for a slot to run an input in; `None` when the front end is stopping (the
+    /// input stays first in its key's queue, not run).
+    async fn slot(&self) -> Option<Self::Slot>;
+
+    /// The agent that runs `input` (serve's inputs name a version of it). An error is a
+    /// host fault: the key stops with the input first in its queue.
+    async fn agent(
+        &self,
+        key: &Self::Key,
+        input: &Queued<Self::Extra>,
+    ) -> Result<Arc<Agent>, String>;
+
+    /// `input` completed: records its outputs and the key's memory after it (in
+    /// `report`), durably or by handing them on. Until this returns, the key's next input
+    /// does not start.
+    async fn completed(
+        &self,
+        key: &Self::Key,
+        input: &Queued<Self::Extra>,
+        report: InputReport,
+    ) -> Result<(), Refusal>;
+
+    /// An attempt of `input` failed with `error` (`report` says what the attempt did);
+    /// `next` says what comes of it.
+    async fn failed(
+        &self,
+        key: &Self::Key,
+        input: &Queued<Self::Extra>,
+        report: InputReport,
+        error: InputError,
+        next: Next,
+    );
+
+    /// A host fault stopped the key: `input` stays first in its queue, not finished.
+    async fn stopped(&self, key: &Self::Key, input: &Queued<Self::Extra>, fault: &str);
+
+    /// An operator skipped the parked `input`: records that durably. Its memory writes
+    /// are not applied; the key's next input runs.
+    async fn skipped(
+        &self,
+        key: &Self::Key,
+        input: &Queued<Self::Extra>,
+        by: &str,
+        why: &str,
+    ) -> Result<(), String>;
+}
+
+/// Where a key's first unfinished input stands.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Head {
+    /// Nothing runs: the queue is empty, or its worker is about to start.
+    Idle,
+    Running {
+        sequence: u64,
+        attempt: u32,
+    },
+    /// Attempt `attempt` failed; the next starts after a wait.
+    Retrying {
+        sequence: u64,
+        attempt: u32,
+    },
+    /// Every attempt failed; the key waits for an operator.
+    Parked {
+        sequence: u64,
+        attempts: u32,
+        error: String,
+    },
+    /// A host fault stopped the key; it waits for the host to recover (a restart).
+    Stopped {
+        sequence: u64,
+        fault: String,
+    },
+}
+
+impl Head {
+    /// Whether the key waits for someone outside it (an operator, a restart).
+    fn stalled(&self) -> bool {
+        matches!(self, Self::Parked { .. } | Self::Stopped { .. })
+    }
+}
+
+/// A key whose first input is parked or stopped, and the inputs waiting behind it.
+#[derive(Clone, Debug)]
+pub struct StalledKey<K> {
+    pub key: K,
+    pub head: Head,
+    /// Sequences of the inputs waiting behind it, in order.
+    pub waiting: Vec<u64>,
+}
+
+/// Why an operator command was refused.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum CommandError {
+    #[error("key {key} has no parked input{}", sequence.map(|s| format!(" #{s}")).unwrap_or_default())]
+    NotParked { key: String, sequence: Option<u64> },
+    #[error("recording the skip of {key} #{sequence}: {error}")]
+    Record {
+        key: String,
+        sequence: u64,
+        error: String,
+    },
+}
+
+struct KeyState<X> {
+    /// The sequence the key's next accepted input gets.
+    next_sequence: u64,
+    /// The key's memory as its last completed input left it.
+    memory: Memory,
+    /// Accepted and not started, in order; a parked or stopped input is first.
+    queue: VecDeque<Queued<X>>,
+    head: Head,
+    /// A worker task drives the key.
+    working: bool,
+}
+
+impl<X> Default for KeyState<X> {
+    fn default() -> Self {
+        Self {
+            next_sequence: 1,
+            memory: Memory::default(),
+            queue: VecDeque::new(),
+            head: Head::Idle,
+            working: false,
+        }
+    }
+}
+
+struct Shared<F: Front> {
+    front: Arc<F>,
+    keys: Mutex<HashMap<F::Key, KeyState<F::Extra>>>,
+}
+
+impl<F: Front> Shared<F> {
+    fn lock(&self) -> MutexGuard<'_, HashMap<F::Key, KeyState<F::Extra>>> {
+        self.keys.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Every key of a front end. Dropping it stops the keys' workers.
+pub struct Keys<F: Front> {
+    shared: Arc<Shared<F>>,
+    workers: Mutex<JoinSet<()>>,
+    /// Where workers (and so the actions they run) are spawned.
+    runtime: tokio::runtime::Handle,
+}
+
+impl<F: Front> fmt::Debug for Keys<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Keys")
+            .field("keys", &self.shared.lock().len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<F: Front> Keys<F> {
+    /// Keys whose inputs run on the current runtime.
+    pub fn new(front: Arc<F>) -> Self {
+        Self::on(front, tokio::runtime::Handle::current())
+    }
+
+    /// Keys whose inputs run on `runtime`.
+    pub fn on(front: Arc<F>, runtime: tokio::runtime::Handle) -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                front,
+                keys: Mutex::new(HashMap::new()),
+            }),
+            workers: Mutex::new(JoinSet::new()),
+            runtime,
+        }
+    }
+
+    /// Sets where a recovered key stands: the sequence its next input gets and its memory.
+    pub fn restore(&self, key: F::Key, next_sequence: u64, memory: Memory) {
+        let mut keys = self.shared.lock();
+        let state = keys.entry(key).or_default();
+        state.next_sequence = state.next_sequence.max(next_sequence);
+        state.memory = memory;
+    }
+
+    /// The sequence the key's next input gets, taken: an input accepted with it is
+    /// [`push`](Self::push)ed, or the sequence is never used.
+    pub fn take_sequence(&self, key: &F::Key) -> u64 {
+        let mut keys = self.shared.lock();
+        let state = keys.entry(key.clone()).or_default();
+        let sequence = state.next_sequence;
+        state.next_sequence += 1;
+        sequence
+    }
+
+    /// The sequence the key's next input will get.
+    pub fn next_sequence(&self, key: &F::Key) -> u64 {
+        self.shared
+            .lock()
+            .get(key)
+            .map_or(1, |state| state.next_sequence)
+    }
+
+    /// Queues an accepted input on its key (sequences in order, one push per sequence) and
+    /// starts the key's worker unless one runs or the key is stalled. Returns whether it
+    /// waits behind a parked or stopped input.
+    pub fn push(&self, key: F::Key, queued: Queued<F::Extra>) -> bool {
+        let start = {
+            let mut keys = self.shared.lock();
+            let state = keys.entry(key.clone()).or_default();
+            state.next_sequence = state.next_sequence.max(queued.input.sequence + 1);
+            state.queue.push_back(queued);
+            if state.head.stalled() {
+                return true;
+            }
+            !std::mem::replace(&mut state.working, true)
+        };
+        if start {
+            self.spawn(key);
+        }
+        false
+    }
+
+    /// Inputs that wait for someone outside their key: parked or stopped ones, and those
+    /// queued behind them.
+    pub fn stalled(&self) -> usize {
+        self.shared
+            .lock()
+            .values()
+            .filter(|state| state.head.stalled())
+            .map(|state| state.queue.len())
+            .sum()
+    }
+
+    /// Keys whose first input is parked or stopped.
+    pub fn stalled_keys(&self) -> Vec<StalledKey<F::Key>> {
+        self.shared
+            .lock()
+            .iter()
+            .filter(|(_, state)| state.head.stalled())
+            .map(|(key, state)| StalledKey {
+                key: key.clone(),
+                head: state.head.clone(),
+                waiting: state
+                    .queue
+                    .iter()
+                    .skip(1)
+                    .map(|q| q.input.sequence)
+                    .collect(),
+            })
+            .collect()
+    }
+
+    /// Where `key`'s first unfinished input stands, and the sequences queued (not started).
+    pub fn head(&self, key: &F::Key) -> Option<(Head, Vec<u64>)> {
+        let keys = self.shared.lock();
+        let state = keys.get(key)?;
+        // The first input, once started, stays first in the queue until it is finished.
+        let skip = usize::from(state.head != Head::Idle);
+        let queued = state
+            .queue
+            .iter()
+            .skip(skip)
+            .map(|q| q.input.sequence)
+            .collect();
+        Some((state.head.clone(), queued))
+    }
+
+    /// Runs `key`'s parked input again (`sequence`, when given, must be it), from its
+    /// first attempt.
+    pub fn retry(&self, key: &F::Key, sequence: Option<u64>) -> Result<u64, CommandError> {
+        let retried = {
+            let mut keys = self.shared.lock();
+            let parked = keys.get_mut(key).and_then(|state| match state.head {
+                Head::Parked { sequence: s, .. } if sequence.is_none_or(|n| n == s) => {
+                    state.head = Head::Idle;
+                    Some((s, !std::mem::replace(&mut state.working, true)))
+                }
+                _ => None,
+            });
+            parked.ok_or_else(|| CommandError::NotParked {
+                key: key.to_string(),
+                sequence,
+            })?
+        };
+        let (sequence, start) = retried;
+        tracing::warn!(key = %key, sequence, "an operator retries the parked input");
+        if start {
+            self.spawn(key.clone());
+        }
+        Ok(sequence)
+    }
+
+    /// Skips `key`'s parked input (`sequence`, when given, must be it): the front end
+    /// records the skip with `by` and `why`, and the key's next input runs.
+    pub async fn skip(
+        &self,
+        key: &F::Key,
+        sequence: Option<u64>,
+        by: &str,
+        why: &str,
+    ) -> Result<u64, CommandError> {
+        let parked = {
+            let keys = self.shared.lock();
+            keys.get(key).and_then(|state| match state.head {
+                Head::Parked { sequence: s, .. } if sequence.is_none_or(|n| n == s) => {
+                    state.queue.front().cloned()
+                }
+                _ => None,
+            })
+        };
+        let parked = parked.ok_or_else(|| CommandError::NotParked {
+            key: key.to_string(),
+            sequence,
+        })?;
+        let skipped = parked.input.sequence;
+        self.shared
+            .front
+            .skipped(key, &parked, by, why)
+            .await
+            .map_err(|error| CommandError::Record {
+                key: key.to_string(),
+                sequence: skipped,
+                error,
+            })?;
+        tracing::warn!(key = %key, sequence = skipped, by, why, "an operator skipped the parked input");
+        let start = {
+            let mut keys = self.shared.lock();
+            let Some(state) = keys.get_mut(key) else {
+                return Ok(skipped);
+            };
+            if !matches!(state.head, Head::Parked { sequence: s, .. } if s == skipped) {
+                return Ok(skipped);
+            }
+            state.queue.pop_front();
+            state.head = Head::Idle;
+            !state.queue.is_empty() && !std::mem::replace(&mut state.working, true)
+        };
+        if start {
+            self.spawn(key.clone());
+        }
+        Ok(skipped)
+    }
+
+    fn spawn(&self, key: F::Key) {
+        let shared = Arc::clone(&self.shared);
+        let mut workers = self.workers.lock().unwrap_or_else(|p| p.into_inner());
+        // Finished workers' results are of no use: drop them as new ones start.
+        while workers.try_join_next().is_some() {}
+        workers.spawn_on(work(shared, key), &self.runtime);
+    }
+}
+
+/// Drives `key`: runs its queued inputs one at a time, in order, until the queue is empty
+/// or its first input is parked or stopped.
+async fn work<F: Front>(shared: Arc<Shared<F>>, key: F::Key) {
+    let front = &shared.front;
+    loop {
+        let (queued, memory) = {
+            let mut keys = shared.lock();
+            let Some(state) = keys.get_mut(&key) else {
+                return;
+            };
+            match state.queue.front() {
+                Some(queued) => (queued.clone(), Arc::clone(&state.memory)),
+                None => {
+                    state.working = false;
+                    state.head = Head::Idle;
+                    return;
+                }
+            }
+        };
+        let sequence = queued.input.sequence;
+        let mut attempt = 0;
+        let memory = loop {
+            attempt += 1;
+            let Some(slot) = front.slot().await else {
+                set_head(&shared, &key, Head::Idle, true);
+                return;
+            };
+            let agent = match front.agent(&key, &queued).await {
+                Ok(agent) => agent,
+                Err(fault) => {
+                    drop(slot);
+                    stop(&shared, &key, &queued, fault).await;
+                    return;
+                }
+            };
+            set_head(&shared, &key, Head::Running { sequence, attempt }, false);
+            let mut report = agent.process_isolated(&queued.input, &memory).await;
+            drop(slot);
+            let error = match report.error.take() {
+                None => {
+                    let memory = Arc::clone(&report.memory);
+                    match front.completed(&key, &queued, report).await {
+                        Ok(()) => break memory,
+                        Err(Refusal::Fault(fault)) => {
+                            stop(&shared, &key, &queued, fault).await;
+                            return;
+                        }
+                        Err(Refusal::Failed(error)) => {
+                            report = InputReport::default();
+                            error
+                        }
+                    }
+                }
+                Some(error) if error.is_host_fault() => {
+                    stop(&shared, &key, &queued, error.to_string()).await;
+                    return;
+                }
+                Some(error) => error,
+            };
+            let retry = agent.retry();
+            let labels = (agent.tenant(), agent.name());
+            if attempt < retry.attempts {
+                let after = delay(&retry, attempt);
+                tracing::warn!(tenant = labels.0, agent = labels.1, key = %key, sequence,
+                    attempt, attempts = retry.attempts, retry_in = ?after,
+                    "input failed; retrying: {error}");
+                set_head(&shared, &key, Head::Retrying { sequence, attempt }, false);
+                front
+                    .failed(&key, &queued, report, error, Next::Retry { attempt, after })
+                    .await;
+                tokio::time::sleep(after).await;
+                continue;
+            }
+            tracing::error!(tenant = labels.0, agent = labels.1, key = %key, sequence,
+                attempts = attempt, "input parked after its last attempt; its key's later \
+                inputs wait for an operator to retry or skip it: {error}");
+            let parked = Head::Parked {
+                sequence,
+                attempts: attempt,
+                error: error.to_string(),
+            };
+            set_head(&shared, &key, parked, true);
+            front
+                .failed(
+                    &key,
+                    &queued,
+                    report,
+                    error,
+                    Next::Parked { attempts: attempt },
+                )
+                .await;
+            return;
+        };
+        let mut keys = shared.lock();
+        if let Some(state) = keys.get_mut(&key) {
+            state.queue.pop_front();
+            state.memory = memory;
+            state.head = Head::Idle;
+        }
+    }
+}
+
+/// Sets `key`'s head; with `done`, its worker is ending.
+fn set_head<F: Front>(shared: &Shared<F>, key: &F::Key, head: Head, done: bool) {
+    let mut keys = shared.lock();
+    if let Some(state) = keys.get_mut(key) {
+        state.head = head;
+        if done {
+            state.working = false;
+        }
+    }
+}
+
+/// A host fault stops `key` with `queued` first in its queue.
+async fn stop<F: Front>(
+    shared: &Shared<F>,
+    key: &F::Key,
+    queued: &Queued<F::Extra>,
+    fault: String,
+) {
+    let sequence = queued.input.sequence;
+    tracing::error!(key = %key, sequence, "a host fault stops the key until the host recovers \
+        (the input is not finished, and runs again then): {fault}");
+    let head = Head::Stopped {
+        sequence,
+        fault: fault.clone(),
+    };
+    set_head(shared, key, head, true);
+    shared.front.stopped(key, queued, &fault).await;
+}
