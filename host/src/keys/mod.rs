@@ -26,6 +26,7 @@ pub use stream::{
 
 use crate::agent::{Agent, InputError, InputReport, Memory};
 use crate::event::Input;
+use crate::text;
 
 /// What names a key to its front end: the key alone for one agent, or with its agent.
 pub trait KeyId: Clone + Eq + Hash + fmt::Debug + fmt::Display + Send + Sync + 'static {}
@@ -102,14 +103,26 @@ pub trait Front: Send + Sync + 'static {
     /// A host fault stopped the key: `input` stays first in its queue, not finished.
     async fn stopped(&self, key: &Self::Key, input: &Queued<Self::Extra>, fault: &str);
 
-    /// An operator skipped the parked `input`: records that durably. Its memory writes
-    /// are not applied; the key's next input runs.
+    /// An operator skipped the parked `input`: records that durably, with the key's
+    /// `memory` (as the input before it left it: a skipped input's writes are not
+    /// applied). The key's next input runs once this returns.
     async fn skipped(
         &self,
         key: &Self::Key,
         input: &Queued<Self::Extra>,
+        memory: &Memory,
         by: &str,
         why: &str,
+    ) -> Result<(), String>;
+
+    /// An operator retries the parked `input` (its `extra` as the retry has it, a newer
+    /// version for instance): records that durably, so that a restart runs it rather than
+    /// parking it again. It runs once this returns.
+    async fn retried(
+        &self,
+        key: &Self::Key,
+        input: &Queued<Self::Extra>,
+        by: &str,
     ) -> Result<(), String>;
 }
 
@@ -122,10 +135,11 @@ pub enum Head {
         sequence: u64,
         attempt: u32,
     },
-    /// Attempt `attempt` failed; the next starts after a wait.
+    /// Attempt `attempt` failed with `error`; the next starts after a wait.
     Retrying {
         sequence: u64,
         attempt: u32,
+        error: String,
     },
     /// Every attempt failed; the key waits for an operator.
     Parked {
@@ -156,13 +170,23 @@ pub struct StalledKey<K> {
     pub waiting: Vec<u64>,
 }
 
+/// A key's first unfinished input: where it stands, and how many inputs wait behind it.
+#[derive(Clone, Debug)]
+pub struct KeyHead<K, X> {
+    pub key: K,
+    pub head: Head,
+    pub first: Queued<X>,
+    pub waiting: usize,
+}
+
 /// Why an operator command was refused.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum CommandError {
     #[error("key {key} has no parked input{}", sequence.map(|s| format!(" #{s}")).unwrap_or_default())]
     NotParked { key: String, sequence: Option<u64> },
-    #[error("recording the skip of {key} #{sequence}: {error}")]
+    #[error("recording the {what} of {key} #{sequence}: {error}")]
     Record {
+        what: &'static str,
         key: String,
         sequence: u64,
         error: String,
@@ -246,6 +270,30 @@ impl<F: Front> Keys<F> {
         state.memory = memory;
     }
 
+    /// Queues `queued` as `key`'s first input, parked as it was when the front end last
+    /// recorded it (after `attempts` attempts, with `error`): recovery's counterpart of
+    /// parking. A key with inputs queued already is left as it is.
+    pub fn restore_parked(
+        &self,
+        key: F::Key,
+        queued: Queued<F::Extra>,
+        attempts: u32,
+        error: String,
+    ) {
+        let mut keys = self.shared.lock();
+        let state = keys.entry(key).or_default();
+        if !state.queue.is_empty() {
+            return;
+        }
+        state.next_sequence = state.next_sequence.max(queued.input.sequence + 1);
+        state.head = Head::Parked {
+            sequence: queued.input.sequence,
+            attempts,
+            error,
+        };
+        state.queue.push_back(queued);
+    }
+
     /// The sequence the key's next input gets, taken: an input accepted with it is
     /// [`push`](Self::push)ed, or the sequence is never used.
     pub fn take_sequence(&self, key: &F::Key) -> u64 {
@@ -314,6 +362,23 @@ impl<F: Front> Keys<F> {
             .collect()
     }
 
+    /// Every key with an unfinished input whose head `select` takes, with its first input.
+    pub fn heads(&self, select: impl Fn(&F::Key, &Head) -> bool) -> Vec<KeyHead<F::Key, F::Extra>> {
+        self.shared
+            .lock()
+            .iter()
+            .filter(|(key, state)| select(key, &state.head))
+            .filter_map(|(key, state)| {
+                Some(KeyHead {
+                    key: key.clone(),
+                    head: state.head.clone(),
+                    first: state.queue.front()?.clone(),
+                    waiting: state.queue.len() - 1,
+                })
+            })
+            .collect()
+    }
+
     /// Where `key`'s first unfinished input stands, and the sequences queued (not started).
     pub fn head(&self, key: &F::Key) -> Option<(Head, Vec<u64>)> {
         let keys = self.shared.lock();
@@ -330,28 +395,67 @@ impl<F: Front> Keys<F> {
     }
 
     /// Runs `key`'s parked input again (`sequence`, when given, must be it), from its
-    /// first attempt.
-    pub fn retry(&self, key: &F::Key, sequence: Option<u64>) -> Result<u64, CommandError> {
-        let retried = {
-            let mut keys = self.shared.lock();
-            let parked = keys.get_mut(key).and_then(|state| match state.head {
-                Head::Parked { sequence: s, .. } if sequence.is_none_or(|n| n == s) => {
-                    state.head = Head::Idle;
-                    Some((s, !std::mem::replace(&mut state.working, true)))
-                }
-                _ => None,
-            });
-            parked.ok_or_else(|| CommandError::NotParked {
+    /// first attempt, after `change` (a newer version, say). The front end records the
+    /// retry with `by` first.
+    pub async fn retry(
+        &self,
+        key: &F::Key,
+        sequence: Option<u64>,
+        by: &str,
+        change: impl FnOnce(&mut Queued<F::Extra>) + Send,
+    ) -> Result<u64, CommandError> {
+        let mut parked = self.parked(key, sequence)?;
+        let retried = parked.input.sequence;
+        change(&mut parked);
+        self.shared
+            .front
+            .retried(key, &parked, by)
+            .await
+            .map_err(|error| CommandError::Record {
+                what: "retry",
                 key: key.to_string(),
-                sequence,
-            })?
+                sequence: retried,
+                error,
+            })?;
+        tracing::warn!(key = %key, sequence = retried, by, "an operator retries the parked input");
+        let start = {
+            let mut keys = self.shared.lock();
+            let Some(state) = keys.get_mut(key) else {
+                return Ok(retried);
+            };
+            if !matches!(state.head, Head::Parked { sequence: s, .. } if s == retried) {
+                return Ok(retried);
+            }
+            if let Some(first) = state.queue.front_mut() {
+                *first = parked;
+            }
+            state.head = Head::Idle;
+            !std::mem::replace(&mut state.working, true)
         };
-        let (sequence, start) = retried;
-        tracing::warn!(key = %key, sequence, "an operator retries the parked input");
         if start {
             self.spawn(key.clone());
         }
-        Ok(sequence)
+        Ok(retried)
+    }
+
+    /// `key`'s parked input (`sequence`, when given, must be it).
+    fn parked(
+        &self,
+        key: &F::Key,
+        sequence: Option<u64>,
+    ) -> Result<Queued<F::Extra>, CommandError> {
+        let keys = self.shared.lock();
+        keys.get(key)
+            .and_then(|state| match state.head {
+                Head::Parked { sequence: s, .. } if sequence.is_none_or(|n| n == s) => {
+                    state.queue.front().cloned()
+                }
+                _ => None,
+            })
+            .ok_or_else(|| CommandError::NotParked {
+                key: key.to_string(),
+                sequence,
+            })
     }
 
     /// Skips `key`'s parked input (`sequence`, when given, must be it): the front end
@@ -363,25 +467,20 @@ impl<F: Front> Keys<F> {
         by: &str,
         why: &str,
     ) -> Result<u64, CommandError> {
-        let parked = {
-            let keys = self.shared.lock();
-            keys.get(key).and_then(|state| match state.head {
-                Head::Parked { sequence: s, .. } if sequence.is_none_or(|n| n == s) => {
-                    state.queue.front().cloned()
-                }
-                _ => None,
-            })
-        };
-        let parked = parked.ok_or_else(|| CommandError::NotParked {
-            key: key.to_string(),
-            sequence,
-        })?;
+        let parked = self.parked(key, sequence)?;
         let skipped = parked.input.sequence;
+        let memory = self
+            .shared
+            .lock()
+            .get(key)
+            .map(|state| Arc::clone(&state.memory))
+            .unwrap_or_default();
         self.shared
             .front
-            .skipped(key, &parked, by, why)
+            .skipped(key, &parked, &memory, by, why)
             .await
             .map_err(|error| CommandError::Record {
+                what: "skip",
                 key: key.to_string(),
                 sequence: skipped,
                 error,
@@ -451,11 +550,14 @@ async fn work<F: Front>(shared: Arc<Shared<F>>, key: F::Key) {
             };
             set_head(&shared, &key, Head::Running { sequence, attempt }, false);
             let mut report = agent.process_isolated(&queued.input, &memory).await;
-            drop(slot);
             let error = match report.error.take() {
                 None => {
                     let memory = Arc::clone(&report.memory);
-                    match front.completed(&key, &queued, report).await {
+                    // The slot is held until the input is recorded: a front end that
+                    // stops waits for that too.
+                    let completed = front.completed(&key, &queued, report).await;
+                    drop(slot);
+                    match completed {
                         Ok(()) => break memory,
                         Err(Refusal::Fault(fault)) => {
                             stop(&shared, &key, &queued, fault).await;
@@ -468,32 +570,43 @@ async fn work<F: Front>(shared: Arc<Shared<F>>, key: F::Key) {
                     }
                 }
                 Some(error) if error.is_host_fault() => {
+                    drop(slot);
                     stop(&shared, &key, &queued, error.to_string()).await;
                     return;
                 }
-                Some(error) => error,
+                Some(error) => {
+                    drop(slot);
+                    error
+                }
             };
             let retry = agent.retry();
             let labels = (agent.tenant(), agent.name());
+            // Escaped and bounded: a guest's error is its own text.
+            let message = text::outside_error(&error.to_string());
             if attempt < retry.attempts {
                 let after = delay(&retry, attempt);
-                tracing::warn!(tenant = labels.0, agent = labels.1, key = %key, sequence,
+                tracing::warn!(tenant = %labels.0, agent = labels.1, key = %key, sequence,
                     attempt, attempts = retry.attempts, retry_in = ?after,
-                    "input failed; retrying: {error}");
-                set_head(&shared, &key, Head::Retrying { sequence, attempt }, false);
+                    "input failed; retrying: {message}");
+                let retrying = Head::Retrying {
+                    sequence,
+                    attempt,
+                    error: message,
+                };
+                set_head(&shared, &key, retrying, false);
                 front
                     .failed(&key, &queued, report, error, Next::Retry { attempt, after })
                     .await;
                 tokio::time::sleep(after).await;
                 continue;
             }
-            tracing::error!(tenant = labels.0, agent = labels.1, key = %key, sequence,
+            tracing::error!(tenant = %labels.0, agent = labels.1, key = %key, sequence,
                 attempts = attempt, "input parked after its last attempt; its key's later \
-                inputs wait for an operator to retry or skip it: {error}");
+                inputs wait for an operator to retry or skip it: {message}");
             let parked = Head::Parked {
                 sequence,
                 attempts: attempt,
-                error: error.to_string(),
+                error: message,
             };
             set_head(&shared, &key, parked, true);
             front

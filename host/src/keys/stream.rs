@@ -326,8 +326,19 @@ impl Front for StreamFront {
             .send(Done::Stopped(queued.input.clone(), fault.to_owned()));
     }
 
-    async fn skipped(&self, _: &String, _: &Queued<()>, _: &str, _: &str) -> Result<(), String> {
+    async fn skipped(
+        &self,
+        _: &String,
+        _: &Queued<()>,
+        _: &Memory,
+        _: &str,
+        _: &str,
+    ) -> Result<(), String> {
         Err("a run skips no input while it runs".to_owned())
+    }
+
+    async fn retried(&self, _: &String, _: &Queued<()>, _: &str) -> Result<(), String> {
+        Err("a run retries no parked input while it runs".to_owned())
     }
 }
 

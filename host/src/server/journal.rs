@@ -2,8 +2,10 @@
 //! finished, and the outputs they produced.
 //!
 //! Partition [`INPUTS`] holds [`InputRecord`]s in the order they were written: an event is
-//! accepted once its `accepted` record is durable; an input is finished once its `finished`
-//! record is. Partition [`OUTPUTS`] holds [`OutputRecord`]s; an output's position is its
+//! accepted once its `accepted` record is durable; an input is finished (done, or skipped
+//! by an operator) once its `finished` record is. An input parked after its last attempt
+//! has a `parked` record, and an operator's retry of it a `retried` one: a restart keeps it
+//! parked, or runs it. Partition [`OUTPUTS`] holds [`OutputRecord`]s; an output's position is its
 //! offset + 1, so reading "after position 0" reads them all. An input's outputs are written
 //! with (and before) its `finished` record; a crash between the two leaves outputs of an
 //! unfinished input, which recovery finds so that the rerun does not write them twice.
@@ -30,6 +32,8 @@ const SCAN_BATCH: usize = 1024;
 pub enum InputRecord {
     Accepted(Accepted),
     Finished(Finished),
+    Parked(Parked),
+    Retried(Retried),
 }
 
 /// An event accepted for a key: it becomes that key's `sequence`-th input.
@@ -47,7 +51,8 @@ pub struct Accepted {
     pub accepted_at: u64,
 }
 
-/// An input that finished: completed, or failed for good.
+/// An input that finished: done, or skipped by an operator (or, written by builds before
+/// retries, failed).
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Finished {
     pub agent: String,
@@ -61,6 +66,11 @@ pub struct Finished {
     pub status: InputStatus,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// Who skipped it, and why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
     pub outputs: u32,
     /// What its actions did, for the key's history.
     pub actions: Vec<ActionSummary>,
@@ -69,14 +79,56 @@ pub struct Finished {
     pub finished_at: u64,
 }
 
+/// An input parked after its last attempt failed: its key's later inputs wait until an
+/// operator retries or skips it.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Parked {
+    pub agent: String,
+    pub key: String,
+    pub sequence: u64,
+    pub event_id: String,
+    pub attempts: u32,
+    pub error: String,
+    pub parked_at: u64,
+}
+
+/// An operator's retry of a parked input, on `version`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Retried {
+    pub agent: String,
+    pub key: String,
+    pub sequence: u64,
+    pub event_id: String,
+    pub version: u32,
+    pub by: String,
+    pub retried_at: u64,
+}
+
+/// Where an input stands. docs/SEMANTICS.md, "Failure of an input", has the one list of
+/// these states that `run`, `serve` and `cluster` share.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum InputStatus {
-    /// Accepted, waiting for its turn.
-    Queued,
+    /// Accepted, waiting for its turn (behind its key's earlier inputs).
+    #[serde(alias = "queued")]
+    Accepted,
     /// Its actions are running (or it was running when the server stopped).
     Running,
-    Completed,
+    /// An attempt failed; the next starts after a backoff.
+    Retrying,
+    /// Every attempt failed: its key's later inputs wait for an operator to retry or skip
+    /// it.
+    Parked,
+    /// A host fault (its version cannot be loaded, the journal failed a write) stopped its
+    /// key until the server is restarted; it is not finished.
+    Stopped,
+    /// Its run completed, and its outputs and memory are recorded.
+    #[serde(alias = "completed")]
+    Done,
+    /// An operator skipped it: its key went on without it; nothing it did was applied.
+    Skipped,
+    /// Finished without completing: by builds before retries, or (damaged journals) not
+    /// run because two processes accepted it under one sequence.
     Failed,
 }
 

@@ -1,4 +1,4 @@
-//! Events in, outputs out (listed or followed as server-sent events), and a key's history.
+//! Events in, outputs out (listed or followed as server-sent events).
 
 // `#[utoipa::path]` expands `params(SomeQuery)` into paths this lint flags.
 #![allow(unused_qualifications)]
@@ -11,7 +11,7 @@ use std::time::Duration;
 use axum::Json;
 use axum::extract::State;
 
-use super::extract::{AgentPath, KeyPath, Path, Query, TenantPath};
+use super::extract::{AgentPath, Path, Query, TenantPath};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use futures_util::Stream;
@@ -20,43 +20,15 @@ use serde_json::value::RawValue;
 use tokio::sync::watch;
 use utoipa::{IntoParams, ToSchema};
 
+use super::inputs::{MAX_AFTER, checked_after, checked_limit};
 use super::{ApiError, ErrorBody, MAX_EVENT_BODY, TenantErrors, open_tenant, read_body};
 use crate::server::ServerState;
-use crate::server::runtime::{
-    HistoryEntry, PositionedOutput, Submission, SubmitError, Submitted, TenantRuntime,
-};
+use crate::server::runtime::{PositionedOutput, Submission, SubmitError, Submitted, TenantRuntime};
 
 /// The longest event id and key accepted, in characters.
 const MAX_ID: usize = 256;
 const MAX_KEY: usize = 1024;
 
-/// The largest `after`: positions and sequences are documented as 64-bit signed integers.
-const MAX_AFTER: u64 = i64::MAX as u64;
-
-/// `after` of a list, refused past [`MAX_AFTER`].
-fn checked_after(after: u64) -> Result<u64, ApiError> {
-    if after > MAX_AFTER {
-        return Err(ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "bad-query",
-            format!("after must be 0 to {MAX_AFTER}, not {after}"),
-        ));
-    }
-    Ok(after)
-}
-
-/// `limit` of a list: `default` when not given; refused outside 1 to `max`.
-fn checked_limit(limit: Option<usize>, default: usize, max: usize) -> Result<usize, ApiError> {
-    match limit {
-        None => Ok(default),
-        Some(limit) if (1..=max).contains(&limit) => Ok(limit),
-        Some(limit) => Err(ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "bad-query",
-            format!("limit must be 1 to {max}, not {limit}"),
-        )),
-    }
-}
 /// Outputs returned at most by one list request.
 const MAX_OUTPUTS: usize = 1000;
 
@@ -299,68 +271,4 @@ impl Follow {
             }
         }
     }
-}
-
-#[derive(Debug, Deserialize, IntoParams)]
-#[into_params(parameter_in = Query)]
-pub(super) struct HistoryQuery {
-    /// Inputs with a sequence after this one (0, the default: from the first).
-    #[serde(default)]
-    #[param(minimum = 0, maximum = 9_223_372_036_854_775_807_i64)]
-    after: u64,
-    /// At most this many (default 100, at most 1000).
-    #[param(minimum = 1, maximum = 1000)]
-    limit: Option<usize>,
-}
-
-/// Inputs returned by one history request, by default and at most.
-const DEFAULT_HISTORY: usize = 100;
-const MAX_HISTORY: usize = 1000;
-
-#[derive(Debug, Serialize, ToSchema)]
-pub(super) struct KeyHistory {
-    agent: String,
-    key: String,
-    /// Oldest first.
-    inputs: Vec<HistoryEntry>,
-    /// When more inputs follow: ask again with `after` = this.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    next: Option<u64>,
-}
-
-/// What happened to one key of an agent: each input, with its status, its actions, and
-/// their recorded calls.
-#[utoipa::path(get, path = "/v1/tenants/{tenant}/agents/{agent}/keys/{key}/history", tag = "events",
-    params(TenantPath, AgentPath, KeyPath, HistoryQuery),
-    responses(
-        (status = 200, description = "The key's history, a page at a time", body = KeyHistory),
-        TenantErrors,
-    ))]
-pub(super) async fn key_history(
-    State(state): State<Arc<ServerState>>,
-    Path((tenant, agent, key)): Path<(String, String, String)>,
-    Query(query): Query<HistoryQuery>,
-    headers: HeaderMap,
-) -> Result<Json<KeyHistory>, ApiError> {
-    let runtime = open_tenant(&state, &headers, &tenant).await?;
-    if !runtime.agents().contains_key(&agent) {
-        return Err(ApiError::not_found(format!("no agent {agent}")));
-    }
-    let limit = checked_limit(query.limit, DEFAULT_HISTORY, MAX_HISTORY)?;
-    let after = checked_after(query.after)?;
-    let (inputs, more) = runtime
-        .history(&agent, &key, after, limit)
-        .await
-        .map_err(|e| {
-            tracing::error!(tenant, agent, "reading a key's history: {e}");
-            ApiError::internal("the server could not read the history; try again")
-        })?
-        .ok_or_else(|| ApiError::not_found(format!("agent {agent} has no inputs for key {key}")))?;
-    let next = more.then(|| inputs.last().map_or(after, |i| i.sequence));
-    Ok(Json(KeyHistory {
-        agent,
-        key,
-        inputs,
-        next,
-    }))
 }

@@ -103,3 +103,13 @@ pub(super) struct TokenPath {
     #[param(pattern = "^tok_[0-9a-f]{16}$", min_length = 20, max_length = 20)]
     id: String,
 }
+
+/// `{sequence}`: an input's, within its key.
+#[derive(Debug, IntoParams)]
+#[into_params(parameter_in = Path)]
+#[allow(dead_code)] // Only its description is used.
+pub(super) struct SequencePath {
+    /// The input's sequence within its key, from 1.
+    #[param(minimum = 1, maximum = 9_223_372_036_854_775_807_i64)]
+    sequence: u64,
+}

@@ -7,6 +7,7 @@ mod agents;
 mod components;
 mod events;
 mod extract;
+mod inputs;
 mod tenants;
 
 use std::sync::Arc;
@@ -67,7 +68,10 @@ fn routes() -> (Router<Arc<ServerState>>, utoipa::openapi::OpenApi) {
         .routes(routes!(events::submit_event))
         .routes(routes!(events::list_outputs))
         .routes(routes!(events::stream_outputs))
-        .routes(routes!(events::key_history))
+        .routes(routes!(inputs::key_history))
+        .routes(routes!(inputs::list_inputs))
+        .routes(routes!(inputs::retry_input))
+        .routes(routes!(inputs::skip_input))
         .split_for_parts()
 }
 
@@ -136,6 +140,7 @@ pub(super) enum TenantErrors {
 pub(super) const MAX_TENANT_BODY: usize = 4 << 10;
 pub(super) const MAX_AGENT_BODY: usize = 256 << 10;
 pub(super) const MAX_EVENT_BODY: usize = 2 << 20;
+pub(super) const MAX_COMMAND_BODY: usize = 4 << 10;
 
 /// Reads a request body of at most `limit` bytes; `what` names the body in the error.
 async fn read_body(

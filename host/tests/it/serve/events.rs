@@ -5,7 +5,7 @@ use std::time::Duration;
 use reqwest::StatusCode;
 use serde_json::json;
 
-use super::{Server, send};
+use super::{Server, send, statuses};
 
 #[tokio::test]
 async fn a_retried_submission_is_accepted_once_and_an_id_names_one_event() {
@@ -70,17 +70,18 @@ async fn a_retried_submission_is_accepted_once_and_an_id_names_one_event() {
 }
 
 #[tokio::test]
-async fn a_failed_input_is_in_the_history_with_its_error_and_the_key_goes_on() {
+async fn a_failed_input_is_retried_then_parked_listed_and_once_skipped_the_key_goes_on() {
     let dir = tempfile::tempdir().expect("tempdir");
     let server = Server::start(dir.path(), "").await;
     let acme = server.tenant("acme").await;
+    let retry = "[retry]\nattempts = 2\ninitial-ms = 1\nmax-ms = 2\n";
     server
         .deploy(
             "acme",
             &acme,
             "bot",
             "caller",
-            "[functions.clock]\nkind = \"time\"\n",
+            &format!("[functions.clock]\nkind = \"time\"\n{retry}"),
         )
         .await;
     for (id, script) in [
@@ -102,15 +103,18 @@ async fn a_failed_input_is_in_the_history_with_its_error_and_the_key_goes_on() {
     }
     let history = server.settled_history("acme", &acme, "bot", "k").await;
     let inputs = history["inputs"].as_array().expect("inputs");
-    assert_eq!(inputs.len(), 3, "{history}");
-    assert_eq!(inputs[0]["status"], "completed");
+    assert_eq!(
+        statuses(&history),
+        ["done", "parked", "accepted"],
+        "{history}"
+    );
     assert_eq!(inputs[0]["actions"][0]["action"], "work");
     assert_eq!(inputs[0]["actions"][0]["completed"], true);
     assert_eq!(
         inputs[0]["actions"][0]["calls"],
         json!([{ "index": 0, "function": "clock", "status": "succeeded" }])
     );
-    assert_eq!(inputs[1]["status"], "failed");
+    assert_eq!(inputs[1]["attempts"], 2, "{history}");
     assert!(
         inputs[1]["error"]
             .as_str()
@@ -118,17 +122,69 @@ async fn a_failed_input_is_in_the_history_with_its_error_and_the_key_goes_on() {
         "{}",
         inputs[1]
     );
-    assert_eq!(inputs[2]["status"], "completed");
+
+    // Listed across keys, with the inputs waiting behind it.
+    let parked = server.inputs("acme", &acme, "bot", "parked").await;
+    let listed = &parked["inputs"];
+    assert_eq!(listed.as_array().map(Vec::len), Some(1), "{parked}");
+    assert_eq!(
+        (
+            &listed[0]["key"],
+            &listed[0]["sequence"],
+            &listed[0]["event_id"],
+            &listed[0]["waiting"]
+        ),
+        (&json!("k"), &json!(2), &json!("e2"), &json!(1)),
+        "{parked}"
+    );
+
+    // Only the parked input can be skipped or retried, and a skip says why.
+    let (status, body) = server.skip("acme", &acme, "bot", "k", 3, "why not").await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (StatusCode::CONFLICT, Some("not-parked")),
+        "{body}"
+    );
+    let (status, body) = server.retry("acme", &acme, "bot", "k", 3, None).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    let (status, body) = server.skip("acme", &acme, "bot", "k", 2, " ").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    let (status, body) = server
+        .skip(
+            "acme",
+            &acme,
+            "bot",
+            "k",
+            2,
+            "the model will not answer this",
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(
+        (&body["sequence"], &body["by"]),
+        (&json!(2), &json!("tenant"))
+    );
+    let (status, body) = server.skip("acme", &acme, "bot", "k", 2, "again").await;
+    assert_eq!(status, StatusCode::CONFLICT, "skipped once: {body}");
+
+    let history = server.settled_history("acme", &acme, "bot", "k").await;
+    let inputs = history["inputs"].as_array().expect("inputs");
+    assert_eq!(statuses(&history), ["done", "skipped", "done"], "{history}");
+    assert_eq!(
+        (&inputs[1]["by"], &inputs[1]["reason"]),
+        (&json!("tenant"), &json!("the model will not answer this")),
+        "{history}"
+    );
     assert_eq!(inputs[2]["event_id"], "e3");
 
     let outputs = server.wait_outputs("acme", &acme, 2).await;
     assert_eq!(
         outputs.len(),
         2,
-        "the failed input has no output: {outputs:?}"
+        "the skipped input has no output: {outputs:?}"
     );
     let last = &outputs[1]["payload"];
-    // The failed input left the key's memory as it was, and an undeclared function is
+    // The skipped input left the key's memory as it was, and an undeclared function is
     // refused to the guest and not recorded.
     assert_eq!(last["memory"], json!({ "count": 1 }));
     assert!(
@@ -136,6 +192,8 @@ async fn a_failed_input_is_in_the_history_with_its_error_and_the_key_goes_on() {
         "{last}"
     );
     assert_eq!(inputs[2]["actions"][0]["calls"], json!([]));
+    let parked = server.inputs("acme", &acme, "bot", "parked").await;
+    assert_eq!(parked["inputs"], json!([]), "{parked}");
 
     for (path, what) in [
         ("/v1/tenants/acme/agents/bot/keys/nokey/history", "nokey"),
@@ -332,4 +390,84 @@ async fn a_body_past_its_routes_limit_is_refused_naming_it() {
             "{body}"
         );
     }
+}
+
+/// The agent `bot` on component `worker`, one attempt per input, with `unhandled-events`.
+fn strict_bot(unhandled: &str) -> String {
+    format!(
+        "name = \"bot\"\nunhandled-events = \"{unhandled}\"\n\n[[actions]]\nname = \"work\"\n\
+         component = \"worker\"\non = [\"input\"]\n\n[retry]\nattempts = 1\n"
+    )
+}
+
+#[tokio::test]
+async fn a_parked_input_stays_parked_across_a_restart_and_retried_on_a_newer_version_runs_there() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let small = "[tenants.acme.quotas]\nmemory-set-bytes = 64\n";
+    let server = Server::start(dir.path(), small).await;
+    let acme = server.tenant("acme").await;
+    server.upload("acme", &acme, "worker", "caller").await;
+    let (status, body) = server.define("acme", &acme, &strict_bot("fail")).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    // Key m writes more memory than the tenant's quota allows; on key k, version 1 fails
+    // an input that sends an event no action handles.
+    let large = json!({ "memory_set": { "note": "x".repeat(200) } });
+    let note = json!({ "send": [{ "kind": "note", "payload": {} }] });
+    for (id, key, payload) in [
+        ("m1", "m", large),
+        ("k1", "k", note),
+        ("k2", "k", json!({})),
+    ] {
+        let (status, body) = server.submit("acme", &acme, "bot", id, key, payload).await;
+        assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    }
+    let history = server.settled_history("acme", &acme, "bot", "m").await;
+    assert_eq!(statuses(&history), ["parked"], "{history}");
+    let history = server.settled_history("acme", &acme, "bot", "k").await;
+    assert_eq!(statuses(&history), ["parked", "accepted"], "{history}");
+    assert!(
+        history["inputs"][0]["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("`note`")),
+        "{history}"
+    );
+
+    // A restart keeps both parked: neither runs again until an operator says so, though
+    // m's would now fit the quota.
+    server.stop().await;
+    let server = Server::start(dir.path(), "").await;
+    let history = server.settled_history("acme", &acme, "bot", "m").await;
+    assert_eq!(statuses(&history), ["parked"], "not run again: {history}");
+    assert_eq!(history["inputs"][0]["attempts"], 1, "{history}");
+    let history = server.settled_history("acme", &acme, "bot", "k").await;
+    assert_eq!(statuses(&history), ["parked", "accepted"], "{history}");
+    let (status, body) = server.retry("acme", &acme, "bot", "m", 1, None).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let history = server.settled_history("acme", &acme, "bot", "m").await;
+    assert_eq!(statuses(&history), ["done"], "{history}");
+
+    // Retried on its own version, k's fails the same way; on a version that drops such
+    // events it completes, and the key goes on.
+    let (status, body) = server.retry("acme", &acme, "bot", "k", 1, None).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let history = server.settled_history("acme", &acme, "bot", "k").await;
+    assert_eq!(statuses(&history), ["parked", "accepted"], "{history}");
+    let (status, body) = server.define("acme", &acme, &strict_bot("drop")).await;
+    assert_eq!(
+        (status, &body["version"]),
+        (StatusCode::CREATED, &json!(2)),
+        "{body}"
+    );
+    let (status, body) = server
+        .retry("acme", &acme, "bot", "k", 1, Some(json!({ "version": 9 })))
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "no version 9: {body}");
+    let (status, body) = server
+        .retry("acme", &acme, "bot", "k", 1, Some(json!({ "version": 2 })))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let history = server.settled_history("acme", &acme, "bot", "k").await;
+    assert_eq!(statuses(&history), ["done", "done"], "{history}");
+    let outputs = server.wait_outputs("acme", &acme, 3).await;
+    assert_eq!(outputs.len(), 3, "{outputs:?}");
 }

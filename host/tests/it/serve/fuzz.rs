@@ -14,13 +14,14 @@ use crate::support::workspace_root;
 
 /// Operations every run configures alike. An agent.toml and a component are opaque bytes
 /// to JSON Schema: whether they parse and fit is the server's to say (400, 422), and each
-/// upload counts against `compiles-per-minute` (429). The output stream stays open until
+/// upload counts against `compiles-per-minute` (429); a tenant the stateful phase names
+/// may not exist (404). The output stream stays open until
 /// the server stops, so a fuzzer would wait out its timeout on every request: the
 /// `serve::openapi` test exercises it.
 const OPERATIONS: &str = r#"
 [[operations]]
 include-operation-id = ["define_agent", "upload_component"]
-checks.positive_data_acceptance.expected-statuses = ["2xx", "400", "422", "429"]
+checks.positive_data_acceptance.expected-statuses = ["2xx", "400", "404", "422", "429"]
 
 [[operations]]
 include-operation-id = "stream_outputs"

@@ -59,7 +59,7 @@ impl Tenant<'_> {
         assert_eq!(status, StatusCode::ACCEPTED, "{body}");
     }
 
-    /// The key's one input once it has finished: its status and error.
+    /// The key's one input once it is done or parked: its status and error.
     async fn finished(&self, agent: &str, key: &str) -> (String, String) {
         let (base, name) = (&self.process.base, self.name);
         let deadline = Instant::now() + Duration::from_secs(60);
@@ -73,7 +73,7 @@ impl Tenant<'_> {
             .await;
             assert_eq!(status, StatusCode::OK, "{body}");
             let input = &body["inputs"][0];
-            if input["status"] == "completed" || input["status"] == "failed" {
+            if input["status"] == "done" || input["status"] == "parked" {
                 return (
                     input["status"].as_str().unwrap_or_default().to_owned(),
                     input["error"].as_str().unwrap_or_default().to_owned(),
@@ -104,7 +104,7 @@ async fn a_hostile_tenant_neither_exhausts_the_host_nor_floods_its_log_nor_stops
     // Both warm (loaded, a run each) before the floods, for a fair "before".
     evil.submit("h", "warm", json!({ "mode": "print" })).await;
     good.submit("bot", "warm", json!({})).await;
-    assert_eq!(evil.finished("h", "warm").await.0, "completed");
+    assert_eq!(evil.finished("h", "warm").await.0, "done");
     wait_outputs(&client, &process.base, "good", &good.token, 1).await;
     let before = process.memory_kib("VmRSS");
 
@@ -144,7 +144,7 @@ async fn a_hostile_tenant_neither_exhausts_the_host_nor_floods_its_log_nor_stops
 
     for (key, _, named) in &floods {
         let (status, error) = evil.finished("h", key).await;
-        assert_eq!(status, "failed", "{key}");
+        assert_eq!(status, "parked", "{key}");
         assert!(error.contains(named), "{key}: {error:.300}");
         assert!(
             error.len() < 8 << 10,
@@ -152,8 +152,8 @@ async fn a_hostile_tenant_neither_exhausts_the_host_nor_floods_its_log_nor_stops
             error.len()
         );
     }
-    assert_eq!(evil.finished("h", "logs").await.0, "completed");
-    assert_eq!(evil.finished("h", "forge").await.0, "completed");
+    assert_eq!(evil.finished("h", "logs").await.0, "done");
+    assert_eq!(evil.finished("h", "forge").await.0, "done");
     let outputs = wait_outputs(&client, &process.base, "good", &good.token, 2).await;
     assert_eq!(outputs.len(), 2, "the other tenant carried on: {outputs:?}");
 
@@ -168,16 +168,16 @@ async fn a_hostile_tenant_neither_exhausts_the_host_nor_floods_its_log_nor_stops
     );
 
     let log = process.log();
-    // Each failed input is in the operator's log once, naming where it failed and why.
+    // Each parked input is in the operator's log once, naming where it failed and why.
     for (key, _, named) in &floods {
         let lines: Vec<&String> = log
             .iter()
-            .filter(|l| l.contains("input failed") && l.contains(&format!("key=\"{key}\"")))
+            .filter(|l| l.contains("input parked") && l.contains(&format!("key={key} ")))
             .collect();
         assert_eq!(lines.len(), 1, "{key}: {lines:?}");
         let line = lines[0];
         assert!(
-            line.contains("WARN")
+            line.contains("ERROR")
                 && line.contains("tenant=evil")
                 && line.contains("agent=\"h\"")
                 && line.contains("sequence=1")

@@ -175,7 +175,60 @@ impl Server {
         .await
     }
 
-    /// Waits until every input of the key has finished; its history.
+    /// Skips the key's parked input `sequence`, saying `reason`.
+    pub async fn skip(
+        &self,
+        tenant: &str,
+        token: &str,
+        agent: &str,
+        key: &str,
+        sequence: u64,
+        reason: &str,
+    ) -> (StatusCode, Value) {
+        let body = json!({ "reason": reason });
+        let path = format!("{tenant}/agents/{agent}/keys/{key}/inputs/{sequence}/skip");
+        self.command(token, &path, Some(body)).await
+    }
+
+    /// Retries the key's parked input `sequence`, with `body` (a version) when given.
+    pub async fn retry(
+        &self,
+        tenant: &str,
+        token: &str,
+        agent: &str,
+        key: &str,
+        sequence: u64,
+        body: Option<Value>,
+    ) -> (StatusCode, Value) {
+        let path = format!("{tenant}/agents/{agent}/keys/{key}/inputs/{sequence}/retry");
+        self.command(token, &path, body).await
+    }
+
+    /// POSTs an operator's command to `/v1/tenants/{path}`.
+    async fn command(&self, token: &str, path: &str, body: Option<Value>) -> (StatusCode, Value) {
+        let request = self.client.post(self.url(&format!("/v1/tenants/{path}")));
+        let request = match body {
+            Some(body) => request.json(&body),
+            None => request,
+        };
+        send(request, Some(token)).await
+    }
+
+    /// The agent's inputs at the head of their keys with `status`.
+    pub async fn inputs(&self, tenant: &str, token: &str, agent: &str, status: &str) -> Value {
+        let (code, body) = send(
+            self.client.get(self.url(&format!(
+                "/v1/tenants/{tenant}/agents/{agent}/inputs?status={status}"
+            ))),
+            Some(token),
+        )
+        .await;
+        assert_eq!(code, StatusCode::OK, "{body}");
+        body
+    }
+
+    /// Waits until no input of the key runs or waits to retry, and every input still
+    /// accepted waits behind a parked one; its history.
     pub async fn settled_history(
         &self,
         tenant: &str,
@@ -187,11 +240,9 @@ impl Server {
         loop {
             let (status, body) = self.history(tenant, token, agent, key).await;
             assert_eq!(status, StatusCode::OK, "{body}");
-            let settled = body["inputs"].as_array().is_some_and(|inputs| {
-                inputs
-                    .iter()
-                    .all(|i| i["status"] == "completed" || i["status"] == "failed")
-            });
+            let settled = body["inputs"]
+                .as_array()
+                .is_some_and(|inputs| settled(inputs));
             if settled {
                 return body;
             }
@@ -201,10 +252,42 @@ impl Server {
     }
 }
 
-/// An agent.toml with one action `work` on inputs, running component `component`.
+/// The statuses of a key's inputs in its history, in order.
+pub fn statuses(history: &Value) -> Vec<String> {
+    history["inputs"]
+        .as_array()
+        .expect("inputs")
+        .iter()
+        .filter_map(|i| i["status"].as_str().map(str::to_owned))
+        .collect()
+}
+
+/// Whether a key's inputs are settled: none runs or waits to retry, and those accepted wait
+/// behind a parked one.
+fn settled(inputs: &[Value]) -> bool {
+    let mut parked = false;
+    inputs.iter().all(|input| match input["status"].as_str() {
+        Some("done" | "skipped" | "failed") => true,
+        Some("parked") => {
+            parked = true;
+            true
+        }
+        Some("accepted") => parked,
+        _ => false,
+    })
+}
+
+/// An agent.toml with one action `work` on inputs, running component `component`; `extra`
+/// goes after the action. Unless `extra` sets `[retry]`, an input that fails is parked at
+/// once (one attempt), so that tests of failures need not wait out backoffs.
 pub fn agent(name: &str, component: &str, extra: &str) -> String {
+    let retry = if extra.contains("[retry]") {
+        ""
+    } else {
+        "\n[retry]\nattempts = 1\n"
+    };
     format!(
-        "name = \"{name}\"\n\n[[actions]]\nname = \"work\"\ncomponent = \"{component}\"\non = [\"input\"]\n{extra}"
+        "name = \"{name}\"\n\n[[actions]]\nname = \"work\"\ncomponent = \"{component}\"\non = [\"input\"]\n{extra}{retry}"
     )
 }
 

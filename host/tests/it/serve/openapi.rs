@@ -17,6 +17,13 @@ async fn every_route_in_the_openapi_document_answers_as_it_documents() {
         .await;
     assert_eq!(status, StatusCode::ACCEPTED);
     server.wait_outputs("acme", &acme, 1).await;
+    // Parked inputs to retry (key r) and skip (key s).
+    for key in ["r", "s"] {
+        let failing = json!({ "fail": "on purpose" });
+        let (status, _) = server.submit("acme", &acme, "bot", key, key, failing).await;
+        assert_eq!(status, StatusCode::ACCEPTED);
+        server.settled_history("acme", &acme, "bot", key).await;
+    }
     // A token to revoke.
     let (status, spare) = super::send(
         server.client.post(server.url("/v1/tenants/acme/tokens")),
@@ -46,7 +53,8 @@ async fn every_route_in_the_openapi_document_answers_as_it_documents() {
             .replace("{tenant}", "acme")
             .replace("{name}", "worker")
             .replace("{agent}", "bot")
-            .replace("{key}", "k")
+            .replace("{key}", command_key(path))
+            .replace("{sequence}", "1")
             .replace("{id}", &spare);
         for (method, operation) in item.as_object().expect("a path item") {
             let Ok(method) = method.to_uppercase().parse::<Method>() else {
@@ -63,6 +71,11 @@ async fn every_route_in_the_openapi_document_answers_as_it_documents() {
                 ("POST", "/v1/tenants/{tenant}/agents") => {
                     (request.body(agent("bot", "worker", "")), acme.as_str())
                 }
+                ("POST", path) if path.ends_with("/skip") => (
+                    request.json(&json!({ "reason": "the test says so" })),
+                    acme.as_str(),
+                ),
+                ("POST", path) if path.ends_with("/retry") => (request, acme.as_str()),
                 ("POST", _) => (
                     request.json(&json!({ "id": "e1", "key": "k", "payload": null })),
                     acme.as_str(),
@@ -90,7 +103,18 @@ async fn every_route_in_the_openapi_document_answers_as_it_documents() {
             exercised += 1;
         }
     }
-    assert_eq!(exercised, 14, "every route of the API is in the document");
+    assert_eq!(exercised, 17, "every route of the API is in the document");
+}
+
+/// The key a route's `{key}` stands for: one with a parked input for a retry or a skip.
+fn command_key(path: &str) -> &'static str {
+    if path.ends_with("/retry") {
+        "r"
+    } else if path.ends_with("/skip") {
+        "s"
+    } else {
+        "k"
+    }
 }
 
 #[tokio::test]

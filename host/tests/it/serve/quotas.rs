@@ -12,7 +12,7 @@ use super::{Endpoint, Server, agent, one_call};
 async fn failure(server: &Server, tenant: &str, token: &str, key: &str) -> String {
     let history = server.settled_history(tenant, token, "bot", key).await;
     let input = &history["inputs"][0];
-    assert_eq!(input["status"], "failed", "{history}");
+    assert_eq!(input["status"], "parked", "{history}");
     input["error"].as_str().unwrap_or_default().to_owned()
 }
 

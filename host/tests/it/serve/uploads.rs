@@ -156,7 +156,8 @@ async fn a_version_let_go_is_loaded_again_for_an_input_of_its_own() {
     server.stop().await;
 
     // Started again with a small CPU budget, version 1 is not loaded (only the newest
-    // is); its inputs load it: the spinning one fails at the budget, the next completes.
+    // is); its inputs load it: the spinning one fails at the budget and is parked; once it is
+    // skipped, the next completes on version 1.
     // (Fuel, not a timeout: which of two limits a loop reaches first depends on the load.)
     let server = Server::start(dir.path(), &format!("{quotas}fuel = 50_000_000\n")).await;
     let history = server.settled_history("acme", &token, "bot", "k").await;
@@ -170,11 +171,20 @@ async fn a_version_let_go_is_loaded_again_for_an_input_of_its_own() {
             )
         })
         .collect();
-    assert_eq!(seen, [(1, "failed"), (1, "completed")], "{history}");
+    assert_eq!(seen, [(1, "parked"), (1, "accepted")], "{history}");
     assert!(
         inputs[0]["error"]
             .as_str()
             .is_some_and(|e| e.contains("limit exceeded: fuel")),
+        "{history}"
+    );
+    let (status, body) = server.skip("acme", &token, "bot", "k", 1, "it spins").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let history = server.settled_history("acme", &token, "bot", "k").await;
+    let done = &history["inputs"][1];
+    assert_eq!(
+        (&done["version"], &done["status"]),
+        (&json!(1), &json!("done")),
         "{history}"
     );
 }

@@ -1,10 +1,11 @@
 //! One tenant cannot wedge itself: an input whose end is larger than a journal record fails,
-//! saying so, and the tenant takes the next event, before and after a restart.
+//! saying so, and is parked; skipped, its key goes on, and the tenant takes the next event,
+//! before and after a restart.
 
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-use super::Server;
+use super::{Server, statuses};
 
 /// Raised so that a key's memory can outgrow a journal record (64 MiB).
 const ROOMY: &str = "[tenants.acme.quotas]\nmemory-mib = 512\n\
@@ -24,7 +25,7 @@ async fn submit(server: &Server, token: &str, id: &str, payload: Value) {
 }
 
 #[tokio::test]
-async fn an_input_whose_end_outgrows_a_journal_record_fails_and_the_tenant_carries_on() {
+async fn an_input_whose_end_outgrows_a_journal_record_is_parked_and_once_skipped_the_key_goes_on() {
     let dir = tempfile::tempdir().expect("tempdir");
     let server = Server::start(dir.path(), ROOMY).await;
     let token = server.tenant("acme").await;
@@ -38,10 +39,9 @@ async fn an_input_whose_end_outgrows_a_journal_record_fails_and_the_tenant_carri
     submit(&server, &token, "third", write(1, 9)).await;
     let history = server.settled_history("acme", &token, "bot", "k").await;
     let inputs = history["inputs"].as_array().expect("inputs");
-    let statuses: Vec<&str> = inputs.iter().filter_map(|i| i["status"].as_str()).collect();
     assert_eq!(
-        statuses,
-        ["completed", "failed", "completed"],
+        statuses(&history),
+        ["done", "parked", "accepted"],
         "{history:.2000}"
     );
     let error = inputs[1]["error"].as_str().expect("an error");
@@ -50,21 +50,26 @@ async fn an_input_whose_end_outgrows_a_journal_record_fails_and_the_tenant_carri
         "{error}"
     );
     assert!(error.len() < 1024, "a bounded error: {error}");
+    // Skipped, it lets the key go on.
+    let (status, body) = server
+        .skip("acme", &token, "bot", "k", 2, "its memory cannot be kept")
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let history = server.settled_history("acme", &token, "bot", "k").await;
+    assert_eq!(
+        statuses(&history),
+        ["done", "skipped", "done"],
+        "{history:.2000}"
+    );
 
     // Started again, the tenant reads its journal back and takes the next event.
     server.stop().await;
     let server = Server::start(dir.path(), ROOMY).await;
     submit(&server, &token, "fourth", write(1, 10)).await;
     let history = server.settled_history("acme", &token, "bot", "k").await;
-    let statuses: Vec<&str> = history["inputs"]
-        .as_array()
-        .expect("inputs")
-        .iter()
-        .filter_map(|i| i["status"].as_str())
-        .collect();
     assert_eq!(
-        statuses,
-        ["completed", "failed", "completed", "completed"],
+        statuses(&history),
+        ["done", "skipped", "done", "done"],
         "{history:.2000}"
     );
 }

@@ -176,11 +176,7 @@ async fn a_journal_two_processes_wrote_is_reported_and_no_input_runs_for_ever() 
     let (history, inputs) = settled_inputs(&server, &writers).await;
     assert_eq!(inputs.len(), 4, "{history}");
     for id in ["a1", "a2"] {
-        assert_eq!(
-            by_id(&inputs, id, &history)["status"],
-            "completed",
-            "{history}"
-        );
+        assert_eq!(by_id(&inputs, id, &history)["status"], "done", "{history}");
     }
     for id in ["b1", "b2"] {
         assert_reported_as_the_other_writers(by_id(&inputs, id, &history), &history);
@@ -234,7 +230,7 @@ async fn a_finished_record_of_the_other_writer_is_not_taken_for_this_ones() {
         let input = by_id(&inputs, id, &history);
         assert_eq!(
             (&input["status"], &input["outputs"]),
-            (&json!("completed"), &json!(1)),
+            (&json!("done"), &json!(1)),
             "{id} finished by its own run: {history}"
         );
     }

@@ -1,0 +1,938 @@
+//! One tenant's runtime: its journal and state log (its own namespace on disk), its agents,
+//! its keys (on the per-key core, [`crate::keys`]), and its quotas. Everything a request
+//! does for a tenant goes through here.
+
+mod front;
+mod lifecycle;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Instant;
+
+use serde::Serialize;
+use serde_json::value::RawValue;
+use sha2::Digest as _;
+use tokio::sync::{Semaphore, watch};
+
+pub use front::{AgentKey, Entry};
+pub use lifecycle::Lifecycle;
+
+use self::front::{BROKEN, EventEntry, Ledger, Tenant, summarize};
+use super::agents::{DefineError, Version};
+use super::config::TenantPolicy;
+use super::journal::{
+    self, Accepted, ActionSummary, INPUTS, InputRecord, InputStatus, JournalError, OUTPUTS,
+    OutputPlace,
+};
+use super::quota::{PerMinute, QuotaExceeded};
+use crate::checkpoint;
+use crate::event::{Input, OutputId, OutputRecord};
+use crate::keys::{CommandError, Head, Keys, Queued};
+use crate::log::{FileLog, FileLogOptions, Log, LogError, Recovery};
+use crate::sandbox::Sandbox;
+use crate::state_dir::{StateDirError, incarnation_of};
+use crate::store::{ActionStateStore, KeyScope, LogStore, MarkerStrategy, StoreError};
+
+/// Partitions of a tenant's state log.
+const STATE_PARTITIONS: u32 = 4;
+/// Segments of a tenant's state log: whole segments are what compaction deletes.
+const STATE_SEGMENT_BYTES: u64 = 1 << 20;
+
+/// Why a tenant's runtime could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    #[error("tenant {tenant}: opening {what}: {error}")]
+    Log {
+        tenant: String,
+        what: &'static str,
+        error: LogError,
+    },
+    #[error("tenant {tenant}: reading its journal: {error}")]
+    Journal { tenant: String, error: JournalError },
+    #[error("tenant {tenant}: recovering its recorded calls: {error}")]
+    Store { tenant: String, error: StoreError },
+    #[error("tenant {tenant}: loading its agents: {error}")]
+    Agents {
+        tenant: String,
+        error: std::io::Error,
+    },
+    #[error("tenant {tenant}: {error}")]
+    Dir {
+        tenant: String,
+        error: StateDirError,
+    },
+}
+
+/// Why a submission was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum SubmitError {
+    #[error("no agent {0}")]
+    UnknownAgent(String),
+    #[error(
+        "event id {id} was accepted before with another key or payload; an event id names one \
+         event"
+    )]
+    Reused { id: String },
+    #[error("event id {id} is being accepted by another request; retry")]
+    InProgress { id: String },
+    #[error(transparent)]
+    Quota(#[from] QuotaExceeded),
+    #[error("the server is stopping")]
+    Stopping,
+    #[error("{0}")]
+    Unavailable(String),
+    #[error("the journal did not accept the event: {0}")]
+    Log(#[from] LogError),
+}
+
+/// An event submitted for a key.
+#[derive(Debug)]
+pub struct Submission {
+    pub agent: String,
+    pub event_id: String,
+    pub key: String,
+    pub payload: Box<RawValue>,
+}
+
+/// What became of a submission.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+pub struct Submitted {
+    pub event_id: String,
+    pub key: String,
+    pub sequence: u64,
+    pub version: u32,
+    /// The event had been accepted before (a retried submission); nothing new was done.
+    pub duplicate: bool,
+}
+
+/// An output and its position in the tenant's output stream, as the API shows it.
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
+pub struct PositionedOutput {
+    pub position: u64,
+    /// `TENANT/AGENT/KEY/SEQUENCE/INDEX`: names the output among every output.
+    pub id: String,
+    pub tenant: String,
+    pub agent: String,
+    pub key: String,
+    pub sequence: u64,
+    /// Position among the outputs of its input, from 0.
+    pub index: u32,
+    /// The id of the event whose input gave the output.
+    pub event_id: String,
+    #[schema(value_type = Object)]
+    pub payload: Box<RawValue>,
+}
+
+impl PositionedOutput {
+    fn new(position: u64, output: OutputRecord) -> Self {
+        Self {
+            position,
+            id: output.id,
+            tenant: output.tenant,
+            agent: output.agent,
+            key: output.key,
+            sequence: output.sequence,
+            index: output.index,
+            event_id: output.event_id.unwrap_or_default(),
+            payload: output.payload,
+        }
+    }
+}
+
+/// One input in a key's history.
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
+pub struct HistoryEntry {
+    pub sequence: u64,
+    pub event_id: String,
+    pub version: u32,
+    #[schema(value_type = Object)]
+    pub payload: Box<RawValue>,
+    pub accepted_at: u64,
+    pub status: InputStatus,
+    /// Why it is retrying, parked or stopped (its last attempt's error), or (`failed`)
+    /// why it did not complete.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// While it runs or retries: which attempt; parked: how many were made.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub attempts: Option<u32>,
+    /// Skipped: who skipped it, and why.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub by: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<u64>,
+    pub outputs: u32,
+    /// Its action runs, in the order they ran.
+    pub actions: Vec<ActionSummary>,
+}
+
+/// An unfinished input at the head of its key, as a list across keys shows it.
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
+pub struct HeadInput {
+    pub key: String,
+    pub sequence: u64,
+    pub event_id: String,
+    pub version: u32,
+    pub status: InputStatus,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub attempts: Option<u32>,
+    /// The key's later inputs, waiting behind it.
+    pub waiting: u64,
+}
+
+/// Why an operator's retry or skip was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum CommandRefused {
+    #[error("no agent {0}")]
+    UnknownAgent(String),
+    #[error("agent {agent} has no version {version}")]
+    UnknownVersion { agent: String, version: u32 },
+    #[error(
+        "input #{sequence} of key {key} ran on version {ran}; it can be retried on that \
+         version or a newer one, not on {asked}"
+    )]
+    OlderVersion {
+        key: String,
+        sequence: u64,
+        ran: u32,
+        asked: u32,
+    },
+    #[error("{0}")]
+    NotParked(CommandError),
+    #[error("{0}")]
+    Record(CommandError),
+}
+
+impl From<CommandError> for CommandRefused {
+    fn from(error: CommandError) -> Self {
+        match error {
+            CommandError::NotParked { .. } => Self::NotParked(error),
+            CommandError::Record { .. } => Self::Record(error),
+        }
+    }
+}
+
+/// A tenant's runtime.
+#[derive(Debug)]
+pub struct TenantRuntime {
+    tenant: Arc<Tenant>,
+    keys: Keys<Tenant>,
+    /// The tenant's `compiles-per-minute`.
+    compiles: PerMinute,
+    /// Where runs execute: threads of their own, so that guests busy with CPU do not delay
+    /// the requests, journal writes and streams of the server's own runtime.
+    compute: tokio::runtime::Handle,
+    defining: tokio::sync::Mutex<()>,
+}
+
+impl TenantRuntime {
+    /// Opens the tenant's namespace under `dir` (creating it when new), recovers what it
+    /// accepted, and starts the inputs that had not finished.
+    pub async fn open(
+        name: &str,
+        dir: PathBuf,
+        policy: TenantPolicy,
+        sandbox: Arc<Sandbox>,
+        host_runs: Arc<Semaphore>,
+        compute: tokio::runtime::Handle,
+        lifecycle: Arc<Lifecycle>,
+    ) -> Result<Arc<Self>, OpenError> {
+        let log_error = |what, error| OpenError::Log {
+            tenant: name.to_owned(),
+            what,
+            error,
+        };
+        let open_log = |sub: &str, partitions, segment_bytes| {
+            FileLog::open(
+                &dir.join(sub),
+                FileLogOptions {
+                    partitions,
+                    segment_bytes,
+                    recovery: Recovery::TruncateTornTail,
+                    ..FileLogOptions::default()
+                },
+            )
+            .map(|(log, _)| Arc::new(log) as Arc<dyn Log>)
+        };
+        let journal = open_log(
+            "journal",
+            journal::PARTITIONS,
+            FileLogOptions::default().segment_bytes,
+        )
+        .map_err(|e| log_error("its journal", e))?;
+        let state_log = open_log("state", STATE_PARTITIONS, STATE_SEGMENT_BYTES)
+            .map_err(|e| log_error("its state log", e))?;
+        // Made with the tenant's directory: a tenant made again under the same name, in a
+        // new directory, makes new idempotency keys.
+        let incarnation = incarnation_of(&dir).map_err(|error| OpenError::Dir {
+            tenant: name.to_owned(),
+            error,
+        })?;
+        let store = Arc::new(LogStore::new(
+            Arc::clone(&state_log),
+            MarkerStrategy::Offsets,
+            incarnation,
+        ));
+        // No checkpoints (yet): the cache is rebuilt from what the log holds, and the
+        // journal's finished inputs are pruned again as it is read back.
+        let rebuilt = match checkpoint::log_start(&*state_log).await {
+            Ok(start) => store.rebuild(&start).await,
+            Err(error) => Err(error),
+        };
+        rebuilt.map_err(|error| OpenError::Store {
+            tenant: name.to_owned(),
+            error,
+        })?;
+        let budget = Arc::new(PerMinute::calls(policy.quotas.calls_per_minute));
+        // The tenant's compiled components are its own, and count toward its `stored-bytes`.
+        let compiled = sandbox.cache().dir().map(|_| dir.join("compiled"));
+        let builder = super::agents::Builder {
+            tenant: name.to_owned(),
+            sandbox: Arc::new(sandbox.with_cache_dir(compiled)),
+            store: Arc::clone(&store) as Arc<dyn ActionStateStore>,
+            policy: policy.clone(),
+            budget: Arc::clone(&budget) as Arc<dyn crate::durable::CallBudget>,
+        };
+        let agents = builder.load_all(&dir).map_err(|error| OpenError::Agents {
+            tenant: name.to_owned(),
+            error,
+        })?;
+        let tenant = Arc::new(Tenant {
+            name: name.to_owned(),
+            runs: Arc::new(Semaphore::new(policy.quotas.concurrent_runs as usize)),
+            dir,
+            policy,
+            journal,
+            state_log,
+            store,
+            compacted: Mutex::new(Instant::now()),
+            broken: AtomicBool::new(false),
+            budget,
+            builder,
+            host_runs,
+            lifecycle,
+            agents: RwLock::new(agents),
+            ledger: Mutex::new(Ledger::default()),
+            outputs: watch::channel(0).0,
+            stored: Mutex::new((None, 0)),
+        });
+        let runtime = Arc::new(Self {
+            compiles: PerMinute::compiles(tenant.policy.quotas.compiles_per_minute),
+            keys: Keys::on(Arc::clone(&tenant), compute.clone()),
+            tenant,
+            compute,
+            defining: tokio::sync::Mutex::new(()),
+        });
+        runtime.recover().await?;
+        Ok(runtime)
+    }
+
+    /// Reads the journal back: accepted events, finished inputs, each key's memory and next
+    /// sequence, parked inputs; prunes the states of finished inputs; queues the rest on
+    /// their keys.
+    async fn recover(&self) -> Result<(), OpenError> {
+        let tenant = &self.tenant;
+        let journal_error = |error| OpenError::Journal {
+            tenant: tenant.name.clone(),
+            error,
+        };
+        let mut ledger = Ledger::default();
+        // Per key: its next sequence, and its memory after its last finished input.
+        let mut keys: HashMap<AgentKey, (u64, BTreeMap<String, String>)> = HashMap::new();
+        let mut pending: BTreeMap<(AgentKey, u64), Queued<Entry>> = BTreeMap::new();
+        let mut parked: HashMap<(AgentKey, u64), (u32, String)> = HashMap::new();
+        let mut last_finished: HashMap<AgentKey, u64> = HashMap::new();
+        // Of inputs accepted under a sequence already handed out: (agent, event id).
+        let mut damaged_events: HashSet<(String, String)> = HashSet::new();
+        journal::scan::<InputRecord>(&*tenant.journal, INPUTS, |offset, record| match record {
+            InputRecord::Accepted(accepted) => {
+                let key = AgentKey::new(&accepted.agent, &accepted.key);
+                let next = &mut keys.entry(key.clone()).or_insert((1, BTreeMap::new())).0;
+                let entry = EventEntry::Accepted {
+                    key: accepted.key.clone(),
+                    sequence: accepted.sequence,
+                    version: accepted.version,
+                    digest: digest(&accepted.key, &accepted.payload),
+                };
+                let state = ledger.keys.entry(key.clone()).or_default();
+                state.history.push((accepted.sequence, offset, None));
+                if accepted.sequence < *next {
+                    // Sequences of a key are handed out one at a time, in order: this one
+                    // was handed out twice, by two processes writing this directory at
+                    // once. Which of the two a `finished` record is for cannot be told, so
+                    // this one is not run (it may have run in the other process).
+                    let why = format!(
+                        "accepted as #{} of key {} after another input already was: two \
+                         processes wrote this tenant's journal at once; not run here, as it \
+                         may have run in the other (submit it again with a new event id to \
+                         run it)",
+                        accepted.sequence, accepted.key
+                    );
+                    tracing::warn!(tenant = %tenant.name, agent = %accepted.agent,
+                        key = %accepted.key, sequence = accepted.sequence,
+                        event_id = %accepted.event_id, "journal damaged: {why}");
+                    state.damaged.insert(offset, why);
+                    damaged_events.insert((accepted.agent.clone(), accepted.event_id.clone()));
+                    ledger
+                        .events
+                        .entry((accepted.agent, accepted.event_id))
+                        .or_insert(entry);
+                    return;
+                }
+                *next = accepted.sequence + 1;
+                ledger
+                    .events
+                    .insert((accepted.agent, accepted.event_id.clone()), entry);
+                let input = Input {
+                    key: accepted.key,
+                    sequence: accepted.sequence,
+                    payload: accepted.payload.get().to_owned(),
+                };
+                let extra = Entry {
+                    version: accepted.version,
+                    event_id: accepted.event_id,
+                };
+                pending.insert((key, accepted.sequence), Queued { input, extra });
+            }
+            InputRecord::Finished(finished) => {
+                // The other process's input, which it ran: nothing of this one's.
+                if let Some(event_id) = &finished.event_id
+                    && !damaged_events.is_empty()
+                    && damaged_events.contains(&(finished.agent.clone(), event_id.clone()))
+                {
+                    return;
+                }
+                let key = AgentKey::new(&finished.agent, &finished.key);
+                keys.entry(key.clone()).or_insert((1, BTreeMap::new())).1 = finished.memory;
+                // The first `finished` of a sequence is its input's; one more (written by a
+                // second process, for an input it accepted under the same sequence) is not.
+                // A record that names its event is told apart above; one of an earlier
+                // build is taken for the first input's.
+                if let Some(state) = ledger.keys.get_mut(&key) {
+                    state.finished(finished.sequence, offset);
+                }
+                last_finished.insert(key.clone(), finished.sequence);
+                parked.remove(&(key.clone(), finished.sequence));
+                pending.remove(&(key, finished.sequence));
+            }
+            InputRecord::Parked(record) => {
+                let key = AgentKey::new(&record.agent, &record.key);
+                parked.insert((key, record.sequence), (record.attempts, record.error));
+            }
+            InputRecord::Retried(record) => {
+                let key = (AgentKey::new(&record.agent, &record.key), record.sequence);
+                parked.remove(&key);
+                if let Some(queued) = pending.get_mut(&key) {
+                    queued.extra.version = record.version;
+                }
+            }
+        })
+        .await
+        .map_err(journal_error)?;
+        let (_, end) = tenant
+            .journal
+            .bounds(OUTPUTS)
+            .await
+            .map_err(|e| journal_error(e.into()))?;
+        tenant.outputs.send_replace(end);
+        if !pending.is_empty() {
+            journal::scan::<OutputPlace>(&*tenant.journal, OUTPUTS, |_, output| {
+                let key = AgentKey::new(&output.agent, &output.key);
+                if pending.contains_key(&(key, output.sequence)) {
+                    ledger.written.insert(&OutputId {
+                        tenant: tenant.name.clone(),
+                        agent: output.agent,
+                        key: output.key,
+                        sequence: output.sequence,
+                        index: output.index,
+                    });
+                }
+            })
+            .await
+            .map_err(journal_error)?;
+        }
+        for (key, sequence) in &last_finished {
+            let scope = KeyScope::new(&tenant.name, &key.agent, &key.key);
+            tenant
+                .store
+                .prune(&scope, *sequence)
+                .await
+                .map_err(|error| OpenError::Store {
+                    tenant: tenant.name.clone(),
+                    error,
+                })?;
+        }
+        ledger.in_flight = pending.len() as u64;
+        *tenant.ledger() = ledger;
+        for (key, (next, memory)) in keys {
+            self.keys.restore(key, next, Arc::new(memory));
+        }
+        if !pending.is_empty() {
+            tracing::info!(tenant = %tenant.name, inputs = pending.len(),
+                "resuming inputs that had not finished");
+        }
+        for ((key, sequence), queued) in pending {
+            match parked.remove(&(key.clone(), sequence)) {
+                Some((attempts, error)) => {
+                    self.keys.restore_parked(key, queued, attempts, error);
+                }
+                None => {
+                    self.keys.push(key, queued);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub fn name(&self) -> &str {
+        &self.tenant.name
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.tenant.dir
+    }
+
+    pub fn policy(&self) -> &TenantPolicy {
+        &self.tenant.policy
+    }
+
+    /// Bytes under the tenant's directory, walked again when the figure is stale.
+    pub fn stored_bytes(&self) -> u64 {
+        self.tenant.stored_bytes()
+    }
+
+    /// Refuses to store `more` bytes when that would take the tenant past `stored-bytes`.
+    pub fn check_storage(&self, more: u64) -> Result<(), QuotaExceeded> {
+        self.tenant.check_storage(more)
+    }
+
+    /// Counts one upload against `compiles-per-minute`, or refuses it.
+    pub fn take_compile(&self) -> Result<(), QuotaExceeded> {
+        self.compiles.take_one()
+    }
+
+    /// The runtime the tenant's guests run on, below the server's own threads.
+    pub fn compute(&self) -> &tokio::runtime::Handle {
+        &self.compute
+    }
+
+    /// The tenant's sandbox: the host's engine and instances, the tenant's own cache.
+    pub fn sandbox(&self) -> Arc<Sandbox> {
+        Arc::clone(&self.tenant.builder.sandbox)
+    }
+
+    /// Defines a new version of an agent from its agent.toml.
+    pub async fn define(&self, text: String) -> Result<(String, u32), DefineError> {
+        let tenant = &self.tenant;
+        tenant.check_storage(text.len() as u64)?;
+        let _one_at_a_time = self.defining.lock().await;
+        let builder = tenant.builder.clone();
+        let dir = tenant.dir.clone();
+        let (name, version, agent) =
+            tokio::task::spawn_blocking(move || builder.define(&dir, &text))
+                .await
+                .map_err(|e| DefineError::Build(format!("defining the agent failed: {e}")))??;
+        {
+            let mut agents = tenant.agents.write().unwrap_or_else(|p| p.into_inner());
+            let versions = agents.entry(name.clone()).or_default();
+            versions.versions.insert(version, Version::Loaded(agent));
+            versions.keep_newest(tenant.policy.quotas.agent_versions_loaded);
+        }
+        tenant.stored.lock().unwrap_or_else(|p| p.into_inner()).0 = None;
+        Ok((name, version))
+    }
+
+    /// Each agent and its versions (the last is current).
+    pub fn agents(&self) -> BTreeMap<String, Vec<u32>> {
+        self.tenant
+            .agents
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(|(name, versions)| (name.clone(), versions.versions.keys().copied().collect()))
+            .collect()
+    }
+
+    /// Accepts an event for a key, once per event id: a retry of an accepted submission
+    /// returns what the first one got.
+    ///
+    /// Not cancellation safe: dropped part way, it can leave the id reserved. Callers that
+    /// may be cancelled (a request whose client went away) run it in a task of its own.
+    pub async fn submit(&self, event: Submission) -> Result<Submitted, SubmitError> {
+        let tenant = &self.tenant;
+        if tenant.lifecycle.stopping() {
+            return Err(SubmitError::Stopping);
+        }
+        if tenant.is_broken() {
+            return Err(SubmitError::Unavailable(BROKEN.to_owned()));
+        }
+        let version = tenant
+            .current_version(&event.agent)
+            .ok_or_else(|| SubmitError::UnknownAgent(event.agent.clone()))?;
+        if let Err(error) = tenant.agent_version(&event.agent, version).await {
+            return Err(SubmitError::Unavailable(error));
+        }
+        // Before the tenant's lock: it may walk the tenant's directory.
+        tenant.check_storage(event.payload.get().len() as u64)?;
+        let digest = digest(&event.key, &event.payload);
+        let id = (event.agent.clone(), event.event_id.clone());
+        let key = AgentKey::new(&event.agent, &event.key);
+        let intake = {
+            let mut ledger = tenant.ledger();
+            match ledger.events.get(&id) {
+                Some(EventEntry::Reserved) => {
+                    return Err(SubmitError::InProgress {
+                        id: event.event_id.clone(),
+                    });
+                }
+                Some(EventEntry::Accepted {
+                    key,
+                    sequence,
+                    version,
+                    digest: accepted,
+                }) => {
+                    return if *accepted == digest {
+                        Ok(Submitted {
+                            event_id: event.event_id.clone(),
+                            key: key.clone(),
+                            sequence: *sequence,
+                            version: *version,
+                            duplicate: true,
+                        })
+                    } else {
+                        Err(SubmitError::Reused {
+                            id: event.event_id.clone(),
+                        })
+                    };
+                }
+                None => {}
+            }
+            let quotas = &tenant.policy.quotas;
+            if ledger.in_flight >= quotas.queued_inputs {
+                return Err(QuotaExceeded {
+                    quota: "queued-inputs",
+                    allowed: quotas.queued_inputs,
+                    detail: format!("{} inputs are accepted and not finished", ledger.in_flight),
+                }
+                .into());
+            }
+            tenant.budget.check()?;
+            ledger.events.insert(id.clone(), EventEntry::Reserved);
+            // Counted from the reservation, so that submissions at once cannot all pass.
+            ledger.in_flight += 1;
+            Arc::clone(&ledger.keys.entry(key.clone()).or_default().intake)
+        };
+        let _in_order = intake.lock().await;
+        // Taken for good: when the write fails, the record may be in the journal all the
+        // same (an acknowledgement can be lost), so the sequence is not given again.
+        let sequence = self.keys.take_sequence(&key);
+        let accepted = Accepted {
+            agent: event.agent.clone(),
+            event_id: event.event_id.clone(),
+            key: event.key.clone(),
+            sequence,
+            version,
+            payload: event.payload,
+            accepted_at: journal::now_ms(),
+        };
+        let record = InputRecord::Accepted(accepted.clone()).encode();
+        let bytes = record.len() as u64;
+        let offset = match tenant.journal.append(INPUTS, record).await {
+            Ok(offset) => offset,
+            Err(error) => {
+                // The id stays reserved: a retry is told to try again until a restart reads
+                // what the journal holds.
+                let mut ledger = tenant.ledger();
+                ledger.in_flight = ledger.in_flight.saturating_sub(1);
+                tenant
+                    .broken
+                    .store(true, std::sync::atomic::Ordering::SeqCst);
+                return Err(error.into());
+            }
+        };
+        tenant.note_stored(bytes);
+        {
+            let mut ledger = tenant.ledger();
+            ledger.events.insert(
+                id,
+                EventEntry::Accepted {
+                    key: event.key.clone(),
+                    sequence,
+                    version,
+                    digest,
+                },
+            );
+            let state = ledger.keys.entry(key.clone()).or_default();
+            state.history.push((sequence, offset, None));
+        }
+        let input = Input {
+            key: event.key.clone(),
+            sequence,
+            payload: accepted.payload.get().to_owned(),
+        };
+        let extra = Entry {
+            version,
+            event_id: accepted.event_id,
+        };
+        self.keys.push(key, Queued { input, extra });
+        Ok(Submitted {
+            event_id: event.event_id,
+            key: event.key,
+            sequence,
+            version,
+            duplicate: false,
+        })
+    }
+
+    /// Up to `limit` outputs after `position`, in order.
+    pub async fn outputs_after(
+        &self,
+        position: u64,
+        limit: usize,
+    ) -> Result<Vec<PositionedOutput>, JournalError> {
+        let journal = &self.tenant.journal;
+        let (start, end) = journal.bounds(OUTPUTS).await?;
+        let from = position.max(start);
+        if from >= end {
+            return Ok(Vec::new());
+        }
+        let records = journal.read(OUTPUTS, from, limit).await?;
+        records
+            .iter()
+            .map(|record| {
+                Ok(PositionedOutput::new(
+                    record.offset + 1,
+                    journal::decode_output(&self.tenant.name, record)?,
+                ))
+            })
+            .collect()
+    }
+
+    /// Changes whenever outputs are written; holds the position of the newest.
+    pub fn watch_outputs(&self) -> watch::Receiver<u64> {
+        self.tenant.outputs.subscribe()
+    }
+
+    /// Up to `limit` inputs of an agent's key with sequences after `after`, oldest first,
+    /// and whether more follow; `None` when the key has no inputs.
+    pub async fn history(
+        &self,
+        agent: &str,
+        key: &str,
+        after: u64,
+        limit: usize,
+    ) -> Result<Option<(Vec<HistoryEntry>, bool)>, JournalError> {
+        let tenant = &self.tenant;
+        let id = AgentKey::new(agent, key);
+        let (entries, damaged) = {
+            let ledger = tenant.ledger();
+            let Some(state) = ledger.keys.get(&id) else {
+                return Ok(None);
+            };
+            let page: Vec<_> = state
+                .history
+                .iter()
+                .filter(|entry| entry.0 > after)
+                .take(limit.saturating_add(1))
+                .cloned()
+                .collect();
+            (page, state.damaged.clone())
+        };
+        let (head, queued) = self.keys.head(&id).unwrap_or((Head::Idle, Vec::new()));
+        let queued: HashSet<u64> = queued.into_iter().collect();
+        let more = entries.len() > limit;
+        let scope = KeyScope::new(&tenant.name, agent, key);
+        let mut history = Vec::with_capacity(entries.len());
+        for (sequence, accepted_at, finished_at) in entries.into_iter().take(limit) {
+            let Some(InputRecord::Accepted(accepted)) =
+                journal::read_one(&*tenant.journal, INPUTS, accepted_at).await?
+            else {
+                continue;
+            };
+            let mut entry = HistoryEntry {
+                sequence,
+                event_id: accepted.event_id,
+                version: accepted.version,
+                payload: accepted.payload,
+                accepted_at: accepted.accepted_at,
+                status: InputStatus::Running,
+                error: None,
+                attempts: None,
+                by: None,
+                reason: None,
+                finished_at: None,
+                outputs: 0,
+                actions: Vec::new(),
+            };
+            let finished = match finished_at {
+                Some(offset) => match journal::read_one(&*tenant.journal, INPUTS, offset).await? {
+                    Some(InputRecord::Finished(finished)) => Some(finished),
+                    _ => None,
+                },
+                None => None,
+            };
+            if let Some(finished) = finished {
+                entry.status = finished.status;
+                entry.error = finished.error;
+                entry.by = finished.by;
+                entry.reason = finished.reason;
+                entry.finished_at = Some(finished.finished_at);
+                entry.outputs = finished.outputs;
+                entry.actions = finished.actions;
+            } else if let Some(why) = damaged.get(&accepted_at) {
+                entry.status = InputStatus::Failed;
+                entry.error = Some(why.clone());
+            } else {
+                (entry.status, entry.error, entry.attempts) = head_status(&head, sequence)
+                    .unwrap_or(if queued.contains(&sequence) {
+                        (InputStatus::Accepted, None, None)
+                    } else {
+                        (InputStatus::Running, None, None)
+                    });
+                entry.actions = summarize(&*tenant.store, &scope, sequence);
+            }
+            history.push(entry);
+        }
+        Ok(Some((history, more)))
+    }
+
+    /// The agent's keys whose first unfinished input has `status` (`parked`, `retrying`,
+    /// `running` or `stopped`), ordered by key.
+    pub fn inputs(&self, agent: &str, status: InputStatus) -> Vec<HeadInput> {
+        let mut inputs: Vec<HeadInput> = self
+            .keys
+            .heads(|key, _| key.agent == agent)
+            .into_iter()
+            .filter_map(|head| {
+                let sequence = head.first.input.sequence;
+                let (found, error, attempts) = head_status(&head.head, sequence)?;
+                (found == status).then_some(HeadInput {
+                    key: head.key.key,
+                    sequence,
+                    event_id: head.first.extra.event_id,
+                    version: head.first.extra.version,
+                    status,
+                    error,
+                    attempts,
+                    waiting: head.waiting as u64,
+                })
+            })
+            .collect();
+        inputs.sort_by(|a, b| a.key.cmp(&b.key));
+        inputs
+    }
+
+    /// Runs `key`'s parked input again (`sequence`, when given, must be it), on `version`
+    /// when given (the one it ran on, or newer); `by` is recorded with the retry.
+    pub async fn retry(
+        &self,
+        agent: &str,
+        key: &str,
+        sequence: Option<u64>,
+        version: Option<u32>,
+        by: &str,
+    ) -> Result<u64, CommandRefused> {
+        let id = self.command_key(agent, key)?;
+        if let Some(asked) = version {
+            if !self.agents().get(agent).is_some_and(|v| v.contains(&asked)) {
+                return Err(CommandRefused::UnknownVersion {
+                    agent: agent.to_owned(),
+                    version: asked,
+                });
+            }
+            let ran = self
+                .keys
+                .heads(|k, _| *k == id)
+                .first()
+                .map(|head| (head.first.input.sequence, head.first.extra.version));
+            if let Some((sequence, ran)) = ran
+                && asked < ran
+            {
+                return Err(CommandRefused::OlderVersion {
+                    key: key.to_owned(),
+                    sequence,
+                    ran,
+                    asked,
+                });
+            }
+        }
+        let retried = self
+            .keys
+            .retry(&id, sequence, by, |queued| {
+                if let Some(version) = version {
+                    queued.extra.version = version;
+                }
+            })
+            .await?;
+        Ok(retried)
+    }
+
+    /// Skips `key`'s parked input (`sequence`, when given, must be it): its key's next
+    /// input runs; `by` and `why` are recorded with it.
+    pub async fn skip(
+        &self,
+        agent: &str,
+        key: &str,
+        sequence: Option<u64>,
+        by: &str,
+        why: &str,
+    ) -> Result<u64, CommandRefused> {
+        let id = self.command_key(agent, key)?;
+        Ok(self.keys.skip(&id, sequence, by, why).await?)
+    }
+
+    fn command_key(&self, agent: &str, key: &str) -> Result<AgentKey, CommandRefused> {
+        if !self.agents().contains_key(agent) {
+            return Err(CommandRefused::UnknownAgent(agent.to_owned()));
+        }
+        Ok(AgentKey::new(agent, key))
+    }
+
+    /// Inputs accepted and not finished.
+    pub fn in_flight(&self) -> u64 {
+        self.tenant.ledger().in_flight
+    }
+}
+
+/// What `head` says of the input `sequence`: its status, error and attempts, when it is
+/// the key's first unfinished input.
+fn head_status(head: &Head, sequence: u64) -> Option<(InputStatus, Option<String>, Option<u32>)> {
+    match head {
+        Head::Running {
+            sequence: s,
+            attempt,
+        } if *s == sequence => Some((InputStatus::Running, None, Some(*attempt))),
+        Head::Retrying {
+            sequence: s,
+            attempt,
+            error,
+        } if *s == sequence => Some((InputStatus::Retrying, Some(error.clone()), Some(*attempt))),
+        Head::Parked {
+            sequence: s,
+            attempts,
+            error,
+        } if *s == sequence => Some((InputStatus::Parked, Some(error.clone()), Some(*attempts))),
+        Head::Stopped { sequence: s, fault } if *s == sequence => {
+            Some((InputStatus::Stopped, Some(fault.clone()), None))
+        }
+        _ => None,
+    }
+}
+
+/// What makes two submissions of one event id the same event: its key and payload.
+fn digest(key: &str, payload: &RawValue) -> [u8; 32] {
+    let canonical = serde_json::from_str::<serde_json::Value>(payload.get())
+        .map(|value| value.to_string())
+        .unwrap_or_else(|_| payload.get().to_owned());
+    let mut hasher = sha2::Sha256::new();
+    hasher.update(key.len().to_le_bytes());
+    hasher.update(key.as_bytes());
+    hasher.update(canonical.as_bytes());
+    hasher.finalize().into()
+}
