@@ -64,6 +64,10 @@ pub struct Finished {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub event_id: Option<String>,
     pub status: InputStatus,
+    /// The agent version it ran on, when an operator's retry moved it off the one it was
+    /// accepted for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
     /// Who skipped it, and why.

@@ -180,9 +180,10 @@ impl Tenants {
         self.issue_locked(&mut inner, name)
     }
 
-    /// The tenant a token belongs to, `None` for a token never issued or revoked. Notes the
+    /// The tenant a token belongs to and the token's id, `None` for a token never issued or
+    /// revoked. Notes the
     /// use (written at most once a minute per token; a failure to write it only warns).
-    pub fn authenticate(&self, token: &str) -> Option<String> {
+    pub fn authenticate(&self, token: &str) -> Option<(String, String)> {
         let mut inner = self.lock();
         let (tenant, id) = inner.by_token.get(&hash(token)).cloned()?;
         let now = now_ms();
@@ -201,7 +202,7 @@ impl Tenants {
                 tracing::warn!("noting when token {id} of tenant {tenant} was used: {error}");
             }
         }
-        Some(tenant)
+        Some((tenant, id))
     }
 
     /// The tokens of `name`, in the order they were issued.
@@ -357,8 +358,14 @@ mod tests {
         let stored = std::fs::read_to_string(dir.path().join("tenants.json")).expect("file");
         assert!(!stored.contains(&token) && !stored.contains(&token[4..]));
         let reopened = Tenants::open(dir.path()).expect("reopens");
-        assert_eq!(reopened.authenticate(&token).as_deref(), Some("acme"));
-        assert_eq!(reopened.authenticate(&second).as_deref(), Some("acme"));
+        assert_eq!(
+            reopened.authenticate(&token).map(|t| t.0).as_deref(),
+            Some("acme")
+        );
+        assert_eq!(
+            reopened.authenticate(&second).map(|t| t.0).as_deref(),
+            Some("acme")
+        );
         assert_eq!(reopened.authenticate("rwt_guess"), None);
     }
 
@@ -368,7 +375,10 @@ mod tests {
         let tenants = Tenants::open(dir.path()).expect("opens");
         let first = tenants.create("acme").expect("created");
         let second = tenants.issue("acme").expect("issued");
-        assert_eq!(tenants.authenticate(&first.token).as_deref(), Some("acme"));
+        assert_eq!(
+            tenants.authenticate(&first.token).map(|t| t.0).as_deref(),
+            Some("acme")
+        );
         let listed = tenants.tokens("acme").expect("listed");
         assert_eq!(
             listed.iter().map(|t| t.id.as_str()).collect::<Vec<_>>(),
@@ -388,7 +398,7 @@ mod tests {
         let reopened = Tenants::open(dir.path()).expect("reopens");
         assert_eq!(reopened.authenticate(&first.token), None);
         assert_eq!(
-            reopened.authenticate(&second.token).as_deref(),
+            reopened.authenticate(&second.token).map(|t| t.0).as_deref(),
             Some("acme")
         );
     }
@@ -404,7 +414,10 @@ mod tests {
         )
         .expect("write");
         let tenants = Tenants::open(dir.path()).expect("opens");
-        assert_eq!(tenants.authenticate(token).as_deref(), Some("acme"));
+        assert_eq!(
+            tenants.authenticate(token).map(|t| t.0).as_deref(),
+            Some("acme")
+        );
         let id = format!("tok_{}", &sha256[..16]);
         assert_eq!(tenants.tokens("acme").expect("listed")[0].id, id);
         tenants.revoke("acme", &id).expect("revoked by that id");

@@ -195,7 +195,8 @@ pub(super) struct CommandDone {
     sequence: u64,
     /// `retried` or `skipped`.
     done: String,
-    /// Who did it, as the history records it: `admin`, or `tenant` (a token of its own).
+    /// Who did it, as the history records it: `admin`, or `tenant token tok_…` (the id of
+    /// the tenant's token that asked).
     by: String,
 }
 
@@ -319,7 +320,7 @@ async fn run_command(
 fn by(state: &ServerState, headers: &HeaderMap) -> Result<String, ApiError> {
     Ok(match caller(state, headers)? {
         Caller::Admin => "admin".to_owned(),
-        Caller::Tenant(_) => "tenant".to_owned(),
+        Caller::Tenant { token, .. } => format!("tenant token {token}"),
     })
 }
 

@@ -113,7 +113,11 @@ pub(super) struct ErrorBody {
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum Caller {
     Admin,
-    Tenant(String),
+    /// A tenant's token, with its id (not a secret).
+    Tenant {
+        tenant: String,
+        token: String,
+    },
 }
 
 /// What every request for a tenant's resources may answer, besides its own responses.
@@ -302,7 +306,7 @@ fn caller(state: &ServerState, headers: &HeaderMap) -> Result<Caller, ApiError> 
     state
         .tenants
         .authenticate(token)
-        .map(Caller::Tenant)
+        .map(|(tenant, token)| Caller::Tenant { tenant, token })
         .ok_or_else(ApiError::unauthorized)
 }
 
@@ -310,8 +314,8 @@ fn caller(state: &ServerState, headers: &HeaderMap) -> Result<Caller, ApiError> 
 fn reaches(caller: &Caller, tenant: &str) -> Result<(), ApiError> {
     match caller {
         Caller::Admin => Ok(()),
-        Caller::Tenant(own) if own == tenant => Ok(()),
-        Caller::Tenant(_) => Err(ApiError::forbidden()),
+        Caller::Tenant { tenant: own, .. } if own == tenant => Ok(()),
+        Caller::Tenant { .. } => Err(ApiError::forbidden()),
     }
 }
 

@@ -329,6 +329,7 @@ impl Tenant {
             sequence,
             event_id: Some(queued.extra.event_id.clone()),
             status,
+            version: Some(queued.extra.version),
             error: None,
             by: None,
             reason: None,

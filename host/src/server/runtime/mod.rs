@@ -146,6 +146,8 @@ impl PositionedOutput {
 pub struct HistoryEntry {
     pub sequence: u64,
     pub event_id: String,
+    /// The agent version it ran on (or runs on): the one it was accepted for, unless an
+    /// operator retried it on a newer one.
     pub version: u32,
     #[schema(value_type = Object)]
     pub payload: Box<RawValue>,
@@ -745,6 +747,12 @@ impl TenantRuntime {
             (page, state.damaged.clone())
         };
         let (head, queued) = self.keys.head(&id).unwrap_or((Head::Idle, Vec::new()));
+        // The first unfinished input runs on the version its last retry named.
+        let first = self
+            .keys
+            .heads(|k, _| *k == id)
+            .pop()
+            .map(|head| (head.first.input.sequence, head.first.extra.version));
         let queued: HashSet<u64> = queued.into_iter().collect();
         let more = entries.len() > limit;
         let scope = KeyScope::new(&tenant.name, agent, key);
@@ -778,6 +786,7 @@ impl TenantRuntime {
                 None => None,
             };
             if let Some(finished) = finished {
+                entry.version = finished.version.unwrap_or(entry.version);
                 entry.status = finished.status;
                 entry.error = finished.error;
                 entry.by = finished.by;
@@ -796,6 +805,11 @@ impl TenantRuntime {
                         (InputStatus::Running, None, None)
                     });
                 entry.actions = summarize(&*tenant.store, &scope, sequence);
+                if let Some((first, version)) = first
+                    && first == sequence
+                {
+                    entry.version = version;
+                }
             }
             history.push(entry);
         }

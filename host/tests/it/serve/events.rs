@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use reqwest::StatusCode;
-use serde_json::json;
+use serde_json::{Value, json};
 
 use super::{Server, send, statuses};
 
@@ -160,9 +160,17 @@ async fn a_failed_input_is_retried_then_parked_listed_and_once_skipped_the_key_g
         )
         .await;
     assert_eq!(status, StatusCode::OK, "{body}");
+    // The skip names the token that asked for it, by its id.
+    let (_, tokens) = send(
+        server.client.get(server.url("/v1/tenants/acme/tokens")),
+        Some(&acme),
+    )
+    .await;
+    let by = format!("tenant token {}", tokens[0]["id"].as_str().expect("an id"));
     assert_eq!(
         (&body["sequence"], &body["by"]),
-        (&json!(2), &json!("tenant"))
+        (&json!(2), &json!(by)),
+        "{body}"
     );
     let (status, body) = server.skip("acme", &acme, "bot", "k", 2, "again").await;
     assert_eq!(status, StatusCode::CONFLICT, "skipped once: {body}");
@@ -172,7 +180,7 @@ async fn a_failed_input_is_retried_then_parked_listed_and_once_skipped_the_key_g
     assert_eq!(statuses(&history), ["done", "skipped", "done"], "{history}");
     assert_eq!(
         (&inputs[1]["by"], &inputs[1]["reason"]),
-        (&json!("tenant"), &json!("the model will not answer this")),
+        (&json!(by), &json!("the model will not answer this")),
         "{history}"
     );
     assert_eq!(inputs[2]["event_id"], "e3");
@@ -232,7 +240,7 @@ async fn a_failed_input_is_retried_then_parked_listed_and_once_skipped_the_key_g
 }
 
 /// Reads server-sent events from `response` until `n` outputs came; their ids and data.
-async fn read_events(response: &mut reqwest::Response, n: usize) -> Vec<(u64, serde_json::Value)> {
+async fn read_events(response: &mut reqwest::Response, n: usize) -> Vec<(u64, Value)> {
     let mut buffer = String::new();
     let mut events = Vec::new();
     while events.len() < n {
@@ -468,6 +476,17 @@ async fn a_parked_input_stays_parked_across_a_restart_and_retried_on_a_newer_ver
     assert_eq!(status, StatusCode::OK, "{body}");
     let history = server.settled_history("acme", &acme, "bot", "k").await;
     assert_eq!(statuses(&history), ["done", "done"], "{history}");
+    let versions: Vec<&Value> = history["inputs"]
+        .as_array()
+        .expect("inputs")
+        .iter()
+        .map(|i| &i["version"])
+        .collect();
+    assert_eq!(
+        versions,
+        [&json!(2), &json!(1)],
+        "each as it ran: {history}"
+    );
     let outputs = server.wait_outputs("acme", &acme, 3).await;
     assert_eq!(outputs.len(), 3, "{outputs:?}");
 }
