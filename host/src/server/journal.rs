@@ -63,7 +63,7 @@ pub struct Finished {
     /// did not write it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub event_id: Option<String>,
-    pub status: InputStatus,
+    pub status: FinishedStatus,
     /// The agent version it ran on, when an operator's retry moved it off the one it was
     /// accepted for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -108,36 +108,22 @@ pub struct Retried {
     pub retried_at: u64,
 }
 
-/// Where an input stands. docs/SEMANTICS.md, "Failure of an input", has the one list of
-/// these states that `run`, `serve` and `cluster` share.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+/// How an input finished, as its `finished` record says. (docs/SEMANTICS.md, "The states
+/// of an input", lists every state, of which these are the ones the journal keeps.)
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
-pub enum InputStatus {
-    /// Accepted, waiting for its turn (behind its key's earlier inputs).
-    #[serde(alias = "queued")]
-    Accepted,
-    /// Its actions are running (or it was running when the server stopped).
-    Running,
-    /// An attempt failed; the next starts after a backoff.
-    Retrying,
-    /// Every attempt failed: its key's later inputs wait for an operator to retry or skip
-    /// it.
-    Parked,
-    /// A host fault (its version cannot be loaded, the journal failed a write) stopped its
-    /// key until the server is restarted; it is not finished.
-    Stopped,
+pub enum FinishedStatus {
     /// Its run completed, and its outputs and memory are recorded.
     #[serde(alias = "completed")]
     Done,
     /// An operator skipped it: its key went on without it; nothing it did was applied.
     Skipped,
-    /// Finished without completing: by builds before retries, or (damaged journals) not
-    /// run because two processes accepted it under one sequence.
+    /// Finished without completing, by builds before retries.
     Failed,
 }
 
 /// One action run of an input, as recorded.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ActionSummary {
     pub action: String,
     /// The kind of the event that triggered it.
@@ -147,7 +133,7 @@ pub struct ActionSummary {
 }
 
 /// One recorded durable call.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CallSummary {
     pub index: u32,
     pub function: String,
@@ -335,5 +321,25 @@ mod tests {
             error.to_string().contains("partition 1, offset 7"),
             "{error}"
         );
+    }
+
+    #[test]
+    fn a_finished_record_of_a_build_before_retries_reads_with_its_status() {
+        for (written, read) in [
+            ("completed", FinishedStatus::Done),
+            ("failed", FinishedStatus::Failed),
+            ("done", FinishedStatus::Done),
+            ("skipped", FinishedStatus::Skipped),
+        ] {
+            let text = format!(
+                r#"{{"finished":{{"agent":"bot","key":"k","sequence":1,"status":"{written}","outputs":0,"actions":[],"memory":{{}},"finished_at":1}}}}"#
+            );
+            let record: InputRecord = serde_json::from_str(&text).expect(written);
+            let InputRecord::Finished(finished) = record else {
+                panic!("{written}: not a finished record");
+            };
+            assert_eq!(finished.status, read, "{written}");
+            assert_eq!(finished.version, None);
+        }
     }
 }

@@ -17,8 +17,7 @@ use super::{
     ApiError, Caller, ErrorBody, MAX_COMMAND_BODY, TenantErrors, caller, open_tenant, read_body,
 };
 use crate::server::ServerState;
-use crate::server::journal::InputStatus;
-use crate::server::runtime::{CommandRefused, HeadInput, HistoryEntry, TenantRuntime};
+use crate::server::runtime::{CommandRefused, HeadInput, HistoryEntry, InputStatus, TenantRuntime};
 
 /// The largest `after`: positions and sequences are documented as 64-bit signed integers.
 pub(super) const MAX_AFTER: u64 = i64::MAX as u64;

@@ -20,8 +20,8 @@ use crate::log::{Log, LogError, Offset};
 use crate::server::agents::{Builder, Version, Versions};
 use crate::server::config::TenantPolicy;
 use crate::server::journal::{
-    self, ActionSummary, CallSummary, Finished, INPUTS, InputRecord, InputStatus, OUTPUTS, Parked,
-    Retried,
+    self, ActionSummary, CallSummary, Finished, FinishedStatus, INPUTS, InputRecord, OUTPUTS,
+    Parked, Retried,
 };
 use crate::server::quota::{PerMinute, QuotaExceeded};
 use crate::store::{ActionStateStore, CallOutcome, KeyScope, LogStore};
@@ -318,7 +318,7 @@ impl Tenant {
         &self,
         key: &AgentKey,
         queued: &Queued<Entry>,
-        status: InputStatus,
+        status: FinishedStatus,
         memory: &Memory,
     ) -> Finished {
         let sequence = queued.input.sequence;
@@ -449,7 +449,7 @@ impl Front for Tenant {
                 records.push((OUTPUTS, record));
             }
         }
-        let mut finished = self.finished_record(key, queued, InputStatus::Done, &report.memory);
+        let mut finished = self.finished_record(key, queued, FinishedStatus::Done, &report.memory);
         finished.outputs = u32::try_from(report.outputs.len()).unwrap_or(u32::MAX);
         let encoded = self.fit(&mut finished).map_err(refused)?;
         // Two writes: outputs durable before the record that says the input finished.
@@ -521,7 +521,7 @@ impl Front for Tenant {
         why: &str,
     ) -> Result<(), String> {
         let sequence = queued.input.sequence;
-        let mut finished = self.finished_record(key, queued, InputStatus::Skipped, memory);
+        let mut finished = self.finished_record(key, queued, FinishedStatus::Skipped, memory);
         finished.by = Some(by.to_owned());
         finished.reason = Some(why.to_owned());
         let encoded = self.fit(&mut finished)?;

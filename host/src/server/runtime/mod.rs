@@ -23,8 +23,8 @@ use self::front::{BROKEN, EventEntry, Ledger, Tenant, summarize};
 use super::agents::{DefineError, Version};
 use super::config::TenantPolicy;
 use super::journal::{
-    self, Accepted, ActionSummary, INPUTS, InputRecord, InputStatus, JournalError, OUTPUTS,
-    OutputPlace,
+    self, Accepted, ActionSummary, CallSummary, FinishedStatus, INPUTS, InputRecord, JournalError,
+    OUTPUTS, OutputPlace,
 };
 use super::quota::{PerMinute, QuotaExceeded};
 use crate::checkpoint;
@@ -141,6 +141,89 @@ impl PositionedOutput {
     }
 }
 
+/// Where an input stands: the one list of states that docs/SEMANTICS.md ("The states of an
+/// input") gives, as the API shows them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum InputStatus {
+    /// Accepted, waiting for its turn (behind its key's earlier inputs).
+    Accepted,
+    /// Its actions are running (or it was running when the server stopped).
+    Running,
+    /// An attempt failed; the next starts after a backoff.
+    Retrying,
+    /// Every attempt failed: its key's later inputs wait until an operator retries or skips
+    /// it.
+    Parked,
+    /// A host fault (its version cannot be loaded, the journal failed a write) stopped its
+    /// key until the server is restarted; it is not finished.
+    Stopped,
+    /// Its run completed, and its outputs and memory are recorded.
+    Done,
+    /// An operator skipped it: its key went on without it; nothing it did was applied.
+    Skipped,
+    /// Finished without completing: by builds before retries, or (damaged journals) not
+    /// run because two processes accepted it under one sequence.
+    Failed,
+}
+
+impl From<FinishedStatus> for InputStatus {
+    fn from(status: FinishedStatus) -> Self {
+        match status {
+            FinishedStatus::Done => Self::Done,
+            FinishedStatus::Skipped => Self::Skipped,
+            FinishedStatus::Failed => Self::Failed,
+        }
+    }
+}
+
+/// One action run of an input, as a key's history shows it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+pub struct ActionRun {
+    pub action: String,
+    /// The kind of the event that triggered it.
+    pub event: String,
+    pub completed: bool,
+    pub calls: Vec<CallRun>,
+}
+
+/// One recorded durable call of an action run.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+pub struct CallRun {
+    pub index: u32,
+    pub function: String,
+    /// `pending`, `succeeded` or `failed`.
+    pub status: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+impl From<ActionSummary> for ActionRun {
+    fn from(action: ActionSummary) -> Self {
+        Self {
+            action: action.action,
+            event: action.event,
+            completed: action.completed,
+            calls: action.calls.into_iter().map(CallRun::from).collect(),
+        }
+    }
+}
+
+impl From<CallSummary> for CallRun {
+    fn from(call: CallSummary) -> Self {
+        Self {
+            index: call.index,
+            function: call.function,
+            status: call.status,
+            error: call.error,
+        }
+    }
+}
+
+fn action_runs(actions: Vec<ActionSummary>) -> Vec<ActionRun> {
+    actions.into_iter().map(ActionRun::from).collect()
+}
+
 /// One input in a key's history.
 #[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
 pub struct HistoryEntry {
@@ -169,7 +252,7 @@ pub struct HistoryEntry {
     pub finished_at: Option<u64>,
     pub outputs: u32,
     /// Its action runs, in the order they ran.
-    pub actions: Vec<ActionSummary>,
+    pub actions: Vec<ActionRun>,
 }
 
 /// An unfinished input at the head of its key, as a list across keys shows it.
@@ -787,13 +870,13 @@ impl TenantRuntime {
             };
             if let Some(finished) = finished {
                 entry.version = finished.version.unwrap_or(entry.version);
-                entry.status = finished.status;
+                entry.status = finished.status.into();
                 entry.error = finished.error;
                 entry.by = finished.by;
                 entry.reason = finished.reason;
                 entry.finished_at = Some(finished.finished_at);
                 entry.outputs = finished.outputs;
-                entry.actions = finished.actions;
+                entry.actions = action_runs(finished.actions);
             } else if let Some(why) = damaged.get(&accepted_at) {
                 entry.status = InputStatus::Failed;
                 entry.error = Some(why.clone());
@@ -804,7 +887,7 @@ impl TenantRuntime {
                     } else {
                         (InputStatus::Running, None, None)
                     });
-                entry.actions = summarize(&*tenant.store, &scope, sequence);
+                entry.actions = action_runs(summarize(&*tenant.store, &scope, sequence));
                 if let Some((first, version)) = first
                     && first == sequence
                 {
