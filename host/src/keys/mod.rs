@@ -156,27 +156,19 @@ pub enum Head {
 
 impl Head {
     /// Whether the key waits for someone outside it (an operator, a restart).
-    fn stalled(&self) -> bool {
+    pub fn stalled(&self) -> bool {
         matches!(self, Self::Parked { .. } | Self::Stopped { .. })
     }
 }
 
-/// A key whose first input is parked or stopped, and the inputs waiting behind it.
-#[derive(Clone, Debug)]
-pub struct StalledKey<K> {
-    pub key: K,
-    pub head: Head,
-    /// Sequences of the inputs waiting behind it, in order.
-    pub waiting: Vec<u64>,
-}
-
-/// A key's first unfinished input: where it stands, and how many inputs wait behind it.
+/// A key's first unfinished input: where it stands, and the inputs queued behind it.
 #[derive(Clone, Debug)]
 pub struct KeyHead<K, X> {
     pub key: K,
     pub head: Head,
     pub first: Queued<X>,
-    pub waiting: usize,
+    /// Sequences of the inputs queued behind it, in order.
+    pub waiting: Vec<u64>,
 }
 
 /// Why an operator command was refused.
@@ -198,10 +190,11 @@ struct KeyState<X> {
     next_sequence: u64,
     /// The key's memory as its last completed input left it.
     memory: Memory,
-    /// Accepted and not started, in order; a parked or stopped input is first.
+    /// Accepted and not finished, in order; the one running, retrying, parked or stopped
+    /// is first.
     queue: VecDeque<Queued<X>>,
     head: Head,
-    /// A worker task drives the key.
+    /// A worker task drives the key (or, the key just parked, records the park).
     working: bool,
 }
 
@@ -217,14 +210,61 @@ impl<X> Default for KeyState<X> {
     }
 }
 
+/// Every key's state, and how many inputs wait in stalled keys (kept as heads change, so
+/// that intake can ask at every input).
+struct Table<K, X> {
+    keys: HashMap<K, KeyState<X>>,
+    stalled: usize,
+}
+
+impl<K: KeyId, X> Table<K, X> {
+    /// Sets `key`'s head, counting its queue in or out of the stalled inputs.
+    fn set_head(&mut self, key: &K, head: Head) {
+        let Some(state) = self.keys.get_mut(key) else {
+            return;
+        };
+        match (state.head.stalled(), head.stalled()) {
+            (false, true) => self.stalled += state.queue.len(),
+            (true, false) => self.stalled -= state.queue.len(),
+            _ => {}
+        }
+        state.head = head;
+    }
+
+    /// `key`'s parked input (`sequence`, when given, must be it), once its park is
+    /// recorded.
+    fn parked(&self, key: &K, sequence: Option<u64>) -> Result<&Queued<X>, CommandError> {
+        self.keys
+            .get(key)
+            .filter(|state| !state.working)
+            .and_then(|state| match state.head {
+                Head::Parked { sequence: s, .. } if sequence.is_none_or(|n| n == s) => {
+                    state.queue.front()
+                }
+                _ => None,
+            })
+            .ok_or_else(|| CommandError::NotParked {
+                key: key.to_string(),
+                sequence,
+            })
+    }
+
+    /// Whether `key`'s first input is still the parked `sequence`.
+    fn still_parked(&self, key: &K, sequence: u64) -> bool {
+        self.keys.get(key).is_some_and(
+            |state| matches!(state.head, Head::Parked { sequence: s, .. } if s == sequence),
+        )
+    }
+}
+
 struct Shared<F: Front> {
     front: Arc<F>,
-    keys: Mutex<HashMap<F::Key, KeyState<F::Extra>>>,
+    table: Mutex<Table<F::Key, F::Extra>>,
 }
 
 impl<F: Front> Shared<F> {
-    fn lock(&self) -> MutexGuard<'_, HashMap<F::Key, KeyState<F::Extra>>> {
-        self.keys.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> MutexGuard<'_, Table<F::Key, F::Extra>> {
+        self.table.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
@@ -239,7 +279,7 @@ pub struct Keys<F: Front> {
 impl<F: Front> fmt::Debug for Keys<F> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Keys")
-            .field("keys", &self.shared.lock().len())
+            .field("keys", &self.shared.lock().keys.len())
             .finish_non_exhaustive()
     }
 }
@@ -255,7 +295,10 @@ impl<F: Front> Keys<F> {
         Self {
             shared: Arc::new(Shared {
                 front,
-                keys: Mutex::new(HashMap::new()),
+                table: Mutex::new(Table {
+                    keys: HashMap::new(),
+                    stalled: 0,
+                }),
             }),
             workers: Mutex::new(JoinSet::new()),
             runtime,
@@ -264,15 +307,15 @@ impl<F: Front> Keys<F> {
 
     /// Sets where a recovered key stands: the sequence its next input gets and its memory.
     pub fn restore(&self, key: F::Key, next_sequence: u64, memory: Memory) {
-        let mut keys = self.shared.lock();
-        let state = keys.entry(key).or_default();
+        let mut table = self.shared.lock();
+        let state = table.keys.entry(key).or_default();
         state.next_sequence = state.next_sequence.max(next_sequence);
         state.memory = memory;
     }
 
     /// Queues `queued` as `key`'s first input, parked as it was when the front end last
     /// recorded it (after `attempts` attempts, with `error`): recovery's counterpart of
-    /// parking. A key with inputs queued already is left as it is.
+    /// parking. Behind other inputs of its key it is queued as any other.
     pub fn restore_parked(
         &self,
         key: F::Key,
@@ -280,36 +323,37 @@ impl<F: Front> Keys<F> {
         attempts: u32,
         error: String,
     ) {
-        let mut keys = self.shared.lock();
-        let state = keys.entry(key).or_default();
-        if !state.queue.is_empty() {
+        let sequence = queued.input.sequence;
+        let first = self
+            .shared
+            .lock()
+            .keys
+            .get(&key)
+            .is_none_or(|state| state.queue.is_empty());
+        if !first {
+            self.push(key, queued);
             return;
         }
-        state.next_sequence = state.next_sequence.max(queued.input.sequence + 1);
-        state.head = Head::Parked {
-            sequence: queued.input.sequence,
+        let mut table = self.shared.lock();
+        let state = table.keys.entry(key.clone()).or_default();
+        state.next_sequence = state.next_sequence.max(sequence + 1);
+        state.queue.push_back(queued);
+        let parked = Head::Parked {
+            sequence,
             attempts,
             error,
         };
-        state.queue.push_back(queued);
+        table.set_head(&key, parked);
     }
 
     /// The sequence the key's next input gets, taken: an input accepted with it is
     /// [`push`](Self::push)ed, or the sequence is never used.
     pub fn take_sequence(&self, key: &F::Key) -> u64 {
-        let mut keys = self.shared.lock();
-        let state = keys.entry(key.clone()).or_default();
+        let mut table = self.shared.lock();
+        let state = table.keys.entry(key.clone()).or_default();
         let sequence = state.next_sequence;
         state.next_sequence += 1;
         sequence
-    }
-
-    /// The sequence the key's next input will get.
-    pub fn next_sequence(&self, key: &F::Key) -> u64 {
-        self.shared
-            .lock()
-            .get(key)
-            .map_or(1, |state| state.next_sequence)
     }
 
     /// Queues an accepted input on its key (sequences in order, one push per sequence) and
@@ -317,11 +361,12 @@ impl<F: Front> Keys<F> {
     /// waits behind a parked or stopped input.
     pub fn push(&self, key: F::Key, queued: Queued<F::Extra>) -> bool {
         let start = {
-            let mut keys = self.shared.lock();
-            let state = keys.entry(key.clone()).or_default();
+            let mut table = self.shared.lock();
+            let state = table.keys.entry(key.clone()).or_default();
             state.next_sequence = state.next_sequence.max(queued.input.sequence + 1);
             state.queue.push_back(queued);
             if state.head.stalled() {
+                table.stalled += 1;
                 return true;
             }
             !std::mem::replace(&mut state.working, true)
@@ -335,63 +380,24 @@ impl<F: Front> Keys<F> {
     /// Inputs that wait for someone outside their key: parked or stopped ones, and those
     /// queued behind them.
     pub fn stalled(&self) -> usize {
-        self.shared
-            .lock()
-            .values()
-            .filter(|state| state.head.stalled())
-            .map(|state| state.queue.len())
-            .sum()
-    }
-
-    /// Keys whose first input is parked or stopped.
-    pub fn stalled_keys(&self) -> Vec<StalledKey<F::Key>> {
-        self.shared
-            .lock()
-            .iter()
-            .filter(|(_, state)| state.head.stalled())
-            .map(|(key, state)| StalledKey {
-                key: key.clone(),
-                head: state.head.clone(),
-                waiting: state
-                    .queue
-                    .iter()
-                    .skip(1)
-                    .map(|q| q.input.sequence)
-                    .collect(),
-            })
-            .collect()
+        self.shared.lock().stalled
     }
 
     /// Every key with an unfinished input whose head `select` takes, with its first input.
     pub fn heads(&self, select: impl Fn(&F::Key, &Head) -> bool) -> Vec<KeyHead<F::Key, F::Extra>> {
-        self.shared
-            .lock()
+        let table = self.shared.lock();
+        table
+            .keys
             .iter()
             .filter(|(key, state)| select(key, &state.head))
-            .filter_map(|(key, state)| {
-                Some(KeyHead {
-                    key: key.clone(),
-                    head: state.head.clone(),
-                    first: state.queue.front()?.clone(),
-                    waiting: state.queue.len() - 1,
-                })
-            })
+            .filter_map(|(key, state)| key_head(key, state))
             .collect()
     }
 
-    /// Where `key`'s first unfinished input stands, and the sequences queued (not started).
-    pub fn head(&self, key: &F::Key) -> Option<(Head, Vec<u64>)> {
-        let keys = self.shared.lock();
-        let state = keys.get(key)?;
-        // The first input, once started, stays first in the queue until it is finished.
-        let skip = usize::from(state.head != Head::Idle);
-        let queued = state
-            .queue
-            .iter()
-            .skip(skip)
-            .map(|q| q.input.sequence)
-            .collect();
-        Some((state.head.clone(), queued))
+    /// `key`'s first unfinished input, if it has one.
+    pub fn head(&self, key: &F::Key) -> Option<KeyHead<F::Key, F::Extra>> {
+        let table = self.shared.lock();
+        key_head(key, table.keys.get(key)?)
     }
 
     /// Runs `key`'s parked input again (`sequence`, when given, must be it), from its
@@ -404,7 +410,7 @@ impl<F: Front> Keys<F> {
         by: &str,
         change: impl FnOnce(&mut Queued<F::Extra>) + Send,
     ) -> Result<u64, CommandError> {
-        let mut parked = self.parked(key, sequence)?;
+        let mut parked = self.shared.lock().parked(key, sequence)?.clone();
         let retried = parked.input.sequence;
         change(&mut parked);
         self.shared
@@ -419,43 +425,23 @@ impl<F: Front> Keys<F> {
             })?;
         tracing::warn!(key = %key, sequence = retried, by, "an operator retries the parked input");
         let start = {
-            let mut keys = self.shared.lock();
-            let Some(state) = keys.get_mut(key) else {
-                return Ok(retried);
-            };
-            if !matches!(state.head, Head::Parked { sequence: s, .. } if s == retried) {
+            let mut table = self.shared.lock();
+            if !table.still_parked(key, retried) {
                 return Ok(retried);
             }
+            table.set_head(key, Head::Idle);
+            let Some(state) = table.keys.get_mut(key) else {
+                return Ok(retried);
+            };
             if let Some(first) = state.queue.front_mut() {
                 *first = parked;
             }
-            state.head = Head::Idle;
             !std::mem::replace(&mut state.working, true)
         };
         if start {
             self.spawn(key.clone());
         }
         Ok(retried)
-    }
-
-    /// `key`'s parked input (`sequence`, when given, must be it).
-    fn parked(
-        &self,
-        key: &F::Key,
-        sequence: Option<u64>,
-    ) -> Result<Queued<F::Extra>, CommandError> {
-        let keys = self.shared.lock();
-        keys.get(key)
-            .and_then(|state| match state.head {
-                Head::Parked { sequence: s, .. } if sequence.is_none_or(|n| n == s) => {
-                    state.queue.front().cloned()
-                }
-                _ => None,
-            })
-            .ok_or_else(|| CommandError::NotParked {
-                key: key.to_string(),
-                sequence,
-            })
     }
 
     /// Skips `key`'s parked input (`sequence`, when given, must be it): the front end
@@ -467,14 +453,17 @@ impl<F: Front> Keys<F> {
         by: &str,
         why: &str,
     ) -> Result<u64, CommandError> {
-        let parked = self.parked(key, sequence)?;
+        let (parked, memory) = {
+            let table = self.shared.lock();
+            let parked = table.parked(key, sequence)?.clone();
+            let memory = table
+                .keys
+                .get(key)
+                .map(|state| Arc::clone(&state.memory))
+                .unwrap_or_default();
+            (parked, memory)
+        };
         let skipped = parked.input.sequence;
-        let memory = self
-            .shared
-            .lock()
-            .get(key)
-            .map(|state| Arc::clone(&state.memory))
-            .unwrap_or_default();
         self.shared
             .front
             .skipped(key, &parked, &memory, by, why)
@@ -487,15 +476,15 @@ impl<F: Front> Keys<F> {
             })?;
         tracing::warn!(key = %key, sequence = skipped, by, why, "an operator skipped the parked input");
         let start = {
-            let mut keys = self.shared.lock();
-            let Some(state) = keys.get_mut(key) else {
-                return Ok(skipped);
-            };
-            if !matches!(state.head, Head::Parked { sequence: s, .. } if s == skipped) {
+            let mut table = self.shared.lock();
+            if !table.still_parked(key, skipped) {
                 return Ok(skipped);
             }
+            table.set_head(key, Head::Idle);
+            let Some(state) = table.keys.get_mut(key) else {
+                return Ok(skipped);
+            };
             state.queue.pop_front();
-            state.head = Head::Idle;
             !state.queue.is_empty() && !std::mem::replace(&mut state.working, true)
         };
         if start {
@@ -513,14 +502,28 @@ impl<F: Front> Keys<F> {
     }
 }
 
+fn key_head<K: Clone, X: Clone>(key: &K, state: &KeyState<X>) -> Option<KeyHead<K, X>> {
+    Some(KeyHead {
+        key: key.clone(),
+        head: state.head.clone(),
+        first: state.queue.front()?.clone(),
+        waiting: state
+            .queue
+            .iter()
+            .skip(1)
+            .map(|q| q.input.sequence)
+            .collect(),
+    })
+}
+
 /// Drives `key`: runs its queued inputs one at a time, in order, until the queue is empty
 /// or its first input is parked or stopped.
 async fn work<F: Front>(shared: Arc<Shared<F>>, key: F::Key) {
     let front = &shared.front;
     loop {
         let (queued, memory) = {
-            let mut keys = shared.lock();
-            let Some(state) = keys.get_mut(&key) else {
+            let mut table = shared.lock();
+            let Some(state) = table.keys.get_mut(&key) else {
                 return;
             };
             match state.queue.front() {
@@ -608,35 +611,31 @@ async fn work<F: Front>(shared: Arc<Shared<F>>, key: F::Key) {
                 attempts: attempt,
                 error: message,
             };
-            set_head(&shared, &key, parked, true);
-            front
-                .failed(
-                    &key,
-                    &queued,
-                    report,
-                    error,
-                    Next::Parked { attempts: attempt },
-                )
-                .await;
+            // Stalled from now on, but taking no command until the front end has recorded
+            // the park: a retry recorded before it would be undone by it at recovery.
+            set_head(&shared, &key, parked, false);
+            let next = Next::Parked { attempts: attempt };
+            front.failed(&key, &queued, report, error, next).await;
+            if let Some(state) = shared.lock().keys.get_mut(&key) {
+                state.working = false;
+            }
             return;
         };
-        let mut keys = shared.lock();
-        if let Some(state) = keys.get_mut(&key) {
+        let mut table = shared.lock();
+        table.set_head(&key, Head::Idle);
+        if let Some(state) = table.keys.get_mut(&key) {
             state.queue.pop_front();
             state.memory = memory;
-            state.head = Head::Idle;
         }
     }
 }
 
 /// Sets `key`'s head; with `done`, its worker is ending.
 fn set_head<F: Front>(shared: &Shared<F>, key: &F::Key, head: Head, done: bool) {
-    let mut keys = shared.lock();
-    if let Some(state) = keys.get_mut(key) {
-        state.head = head;
-        if done {
-            state.working = false;
-        }
+    let mut table = shared.lock();
+    table.set_head(key, head);
+    if done && let Some(state) = table.keys.get_mut(key) {
+        state.working = false;
     }
 }
 

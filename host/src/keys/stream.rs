@@ -446,7 +446,7 @@ impl<S: OutputSink> Run<'_, S> {
             let Some(done) = next else { break };
             self.record(done).await?;
         }
-        for stalled in self.keys.stalled_keys() {
+        for stalled in self.keys.heads(|_, head| head.stalled()) {
             let behind = match stalled.head {
                 Head::Parked { sequence, .. } | Head::Stopped { sequence, .. } => sequence,
                 _ => continue,

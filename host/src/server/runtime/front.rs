@@ -249,6 +249,20 @@ impl Tenant {
         }
     }
 
+    /// Appends one record of the inputs partition; its offset.
+    async fn append_input(
+        &self,
+        key: &AgentKey,
+        sequence: u64,
+        what: &str,
+        record: Vec<u8>,
+    ) -> Result<Offset, String> {
+        let offsets = self
+            .append(key, sequence, what, vec![(INPUTS, record)])
+            .await?;
+        Ok(offsets.last().copied().unwrap_or_default())
+    }
+
     /// The journal did not take a record: no input of the tenant starts and no event is
     /// accepted until a restart, which reads back what the journal holds.
     fn journal_failed(
@@ -461,15 +475,10 @@ impl Front for Tenant {
                 .map_err(Refusal::Fault)?
         };
         let finished_at = self
-            .append(key, sequence, "the input's end", vec![(INPUTS, encoded)])
+            .append_input(key, sequence, "the input's end", encoded)
             .await
             .map_err(Refusal::Fault)?;
-        self.finished(
-            key,
-            sequence,
-            finished_at.last().copied().unwrap_or_default(),
-        )
-        .await;
+        self.finished(key, sequence, finished_at).await;
         if let Some(last) = outputs.last() {
             self.outputs.send_modify(|end| *end = (*end).max(last + 1));
         }
@@ -501,12 +510,7 @@ impl Front for Tenant {
         // On failure the tenant stops (logged); the input is parked until the restart,
         // which runs it again.
         let _ = self
-            .append(
-                key,
-                sequence,
-                "the input's parking",
-                vec![(INPUTS, parked.encode())],
-            )
+            .append_input(key, sequence, "the input's parking", parked.encode())
             .await;
     }
 
@@ -525,11 +529,10 @@ impl Front for Tenant {
         finished.by = Some(by.to_owned());
         finished.reason = Some(why.to_owned());
         let encoded = self.fit(&mut finished)?;
-        let offsets = self
-            .append(key, sequence, "the input's skip", vec![(INPUTS, encoded)])
+        let offset = self
+            .append_input(key, sequence, "the input's skip", encoded)
             .await?;
-        self.finished(key, sequence, offsets.last().copied().unwrap_or_default())
-            .await;
+        self.finished(key, sequence, offset).await;
         Ok(())
     }
 
@@ -549,14 +552,9 @@ impl Front for Tenant {
             by: by.to_owned(),
             retried_at: journal::now_ms(),
         });
-        self.append(
-            key,
-            sequence,
-            "the input's retry",
-            vec![(INPUTS, retried.encode())],
-        )
-        .await
-        .map(drop)
+        self.append_input(key, sequence, "the input's retry", retried.encode())
+            .await
+            .map(drop)
     }
 }
 

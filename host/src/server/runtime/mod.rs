@@ -829,14 +829,7 @@ impl TenantRuntime {
                 .collect();
             (page, state.damaged.clone())
         };
-        let (head, queued) = self.keys.head(&id).unwrap_or((Head::Idle, Vec::new()));
-        // The first unfinished input runs on the version its last retry named.
-        let first = self
-            .keys
-            .heads(|k, _| *k == id)
-            .pop()
-            .map(|head| (head.first.input.sequence, head.first.extra.version));
-        let queued: HashSet<u64> = queued.into_iter().collect();
+        let head = self.keys.head(&id);
         let more = entries.len() > limit;
         let scope = KeyScope::new(&tenant.name, agent, key);
         let mut history = Vec::with_capacity(entries.len());
@@ -881,18 +874,18 @@ impl TenantRuntime {
                 entry.status = InputStatus::Failed;
                 entry.error = Some(why.clone());
             } else {
-                (entry.status, entry.error, entry.attempts) = head_status(&head, sequence)
-                    .unwrap_or(if queued.contains(&sequence) {
-                        (InputStatus::Accepted, None, None)
-                    } else {
-                        (InputStatus::Running, None, None)
-                    });
+                let accepted = (InputStatus::Accepted, None, None);
+                (entry.status, entry.error, entry.attempts) = match &head {
+                    // It runs on the version its last retry named.
+                    Some(head) if head.first.input.sequence == sequence => {
+                        entry.version = head.first.extra.version;
+                        head_status(&head.head, sequence).unwrap_or(accepted)
+                    }
+                    Some(head) if head.waiting.contains(&sequence) => accepted,
+                    // Between its run and its record.
+                    _ => (InputStatus::Running, None, None),
+                };
                 entry.actions = action_runs(summarize(&*tenant.store, &scope, sequence));
-                if let Some((first, version)) = first
-                    && first == sequence
-                {
-                    entry.version = version;
-                }
             }
             history.push(entry);
         }
@@ -917,7 +910,7 @@ impl TenantRuntime {
                     status,
                     error,
                     attempts,
-                    waiting: head.waiting as u64,
+                    waiting: head.waiting.len() as u64,
                 })
             })
             .collect();
@@ -937,16 +930,17 @@ impl TenantRuntime {
     ) -> Result<u64, CommandRefused> {
         let id = self.command_key(agent, key)?;
         if let Some(asked) = version {
-            if !self.agents().get(agent).is_some_and(|v| v.contains(&asked)) {
+            let defined = (self.tenant.agents.read())
+                .unwrap_or_else(|p| p.into_inner())
+                .get(agent)
+                .is_some_and(|versions| versions.versions.contains_key(&asked));
+            if !defined {
                 return Err(CommandRefused::UnknownVersion {
                     agent: agent.to_owned(),
                     version: asked,
                 });
             }
-            let ran = self
-                .keys
-                .heads(|k, _| *k == id)
-                .first()
+            let ran = (self.keys.head(&id))
                 .map(|head| (head.first.input.sequence, head.first.extra.version));
             if let Some((sequence, ran)) = ran
                 && asked < ran
@@ -985,7 +979,7 @@ impl TenantRuntime {
     }
 
     fn command_key(&self, agent: &str, key: &str) -> Result<AgentKey, CommandRefused> {
-        if !self.agents().contains_key(agent) {
+        if self.tenant.current_version(agent).is_none() {
             return Err(CommandRefused::UnknownAgent(agent.to_owned()));
         }
         Ok(AgentKey::new(agent, key))
