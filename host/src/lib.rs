@@ -17,11 +17,13 @@
 //! - [`event`]: events, inputs and outputs;
 //! - [`text`]: text from outside (a guest's errors and logs), bounded and escaped;
 //! - [`crash`]: crash points at the durable boundaries, for tests that kill the process;
-//! - [`state_dir`]: a directory that holds state: one writer at a time, and its incarnation.
+//! - [`state_dir`]: a directory that holds state: one writer at a time, and its incarnation;
+//! - [`commands`]: operator commands (retry, skip) left for the process that runs a state.
 
 pub mod agent;
 pub mod checkpoint;
 pub mod cluster;
+pub mod commands;
 pub mod crash;
 pub mod durable;
 pub mod event;

@@ -119,6 +119,17 @@ pub enum InputError {
 }
 
 impl InputError {
+    /// The key and sequence of the input that failed.
+    pub fn input(&self) -> (&str, u64) {
+        match self {
+            Self::Run { key, sequence, .. }
+            | Self::TooManyEvents { key, sequence }
+            | Self::Unhandled { key, sequence, .. }
+            | Self::Refused { key, sequence, .. }
+            | Self::Panicked { key, sequence, .. } => (key, *sequence),
+        }
+    }
+
     /// Whether the host, not the input, failed: the state log did not take a write, the
     /// host could not set up the run, or it panicked. Such an input is not failed, retried
     /// or parked: its key stops until the host recovers.

@@ -9,7 +9,9 @@ use std::any::Any;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use super::{Checkpoint, CheckpointId, CheckpointStore, KeyProgress, PendingInput};
+use super::{
+    Checkpoint, CheckpointId, CheckpointStore, KeyProgress, ParkedInput, PendingInput, SkippedInput,
+};
 use crate::store::Marker;
 
 /// A fresh store, and whatever must live as long as it (a directory, a server).
@@ -70,11 +72,22 @@ pub fn checkpoint(id: CheckpointId) -> Checkpoint {
             key: "ana".to_owned(),
             sequence: id + 3,
             payload: format!("{{\"n\": {id}}}"),
+            parked: Some(ParkedInput {
+                attempts: 3,
+                error: format!("attempt {id} trapped"),
+            }),
         }],
         marker: Marker {
             offsets: vec![id, 0],
         },
         output_position: Some(id * 7),
+        skipped: vec![SkippedInput {
+            key: "ana".to_owned(),
+            sequence: id + 1,
+            by: "alice".to_owned(),
+            reason: format!("checkpoint {id}"),
+            command: format!("{id}-00"),
+        }],
     }
 }
 

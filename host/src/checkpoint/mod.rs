@@ -95,6 +95,31 @@ pub struct PendingInput {
     pub sequence: u64,
     /// JSON text.
     pub payload: String,
+    /// Parked at the cut: every attempt failed, and it waits for an operator.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parked: Option<ParkedInput>,
+}
+
+/// How a pending input came to be parked.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct ParkedInput {
+    pub attempts: u32,
+    /// The last attempt's error (escaped and bounded).
+    pub error: String,
+}
+
+/// An input an operator finished without running it: kept in every later checkpoint, the
+/// history of a state's skips.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct SkippedInput {
+    pub key: String,
+    pub sequence: u64,
+    pub by: String,
+    pub reason: String,
+    /// The command that asked (`commands::Command::id`).
+    pub command: String,
 }
 
 /// A consistent cut of everything an agent needs to resume.
@@ -113,6 +138,9 @@ pub struct Checkpoint {
     /// have been written already for the pending inputs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output_position: Option<u64>,
+    /// Every input an operator skipped, oldest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub skipped: Vec<SkippedInput>,
 }
 
 /// Why a checkpoint could not be written or read.

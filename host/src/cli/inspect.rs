@@ -8,7 +8,8 @@ use anyhow::bail;
 use rewind_host::store::{ActionState, CallOutcome};
 
 use rewind_host::agent::StateConfig;
-use rewind_host::checkpoint::CheckpointStore;
+use rewind_host::checkpoint::{Checkpoint, CheckpointStore, PendingInput};
+use rewind_host::commands::{CommandDir, Outcome};
 use rewind_host::log::{FileLog, Recovery};
 use rewind_host::store::ActionStateStore;
 
@@ -22,9 +23,55 @@ pub struct InspectArgs {
     /// Only this key.
     #[arg(long)]
     key: Option<String>,
-    /// Print JSON instead of text.
+    /// Print JSON instead of text: `{"inputs": [...], "skipped": [...], "commands":
+    /// {"pending": [...], "done": [...]}, "keys": {"TENANT/AGENT/KEY": [states]}}`.
     #[arg(long)]
     json: bool,
+}
+
+/// A key's unfinished inputs at the newest checkpoint, in the words of docs/SEMANTICS.md.
+#[derive(Debug, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+struct KeyInputs {
+    key: String,
+    /// The first unfinished input: parked or accepted.
+    sequence: u64,
+    status: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    attempts: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<String>,
+    /// Sequences of the key's later inputs, accepted and waiting behind it.
+    waiting: Vec<u64>,
+}
+
+/// Per key, its first unfinished input and the ones behind it.
+fn key_inputs(checkpoint: Option<&Checkpoint>, only: Option<&str>) -> Vec<KeyInputs> {
+    let mut by_key: BTreeMap<&str, Vec<&PendingInput>> = BTreeMap::new();
+    for pending in checkpoint.map_or(&[][..], |c| &c.pending) {
+        if only.is_none_or(|k| k == pending.key) {
+            by_key.entry(&pending.key).or_default().push(pending);
+        }
+    }
+    by_key
+        .into_iter()
+        .filter_map(|(key, mut inputs)| {
+            inputs.sort_by_key(|p| p.sequence);
+            let (first, rest) = inputs.split_first()?;
+            Some(KeyInputs {
+                key: key.to_owned(),
+                sequence: first.sequence,
+                status: if first.parked.is_some() {
+                    "parked"
+                } else {
+                    "accepted"
+                },
+                attempts: first.parked.as_ref().map(|p| p.attempts),
+                error: first.parked.as_ref().map(|p| p.error.clone()),
+                waiting: rest.iter().map(|p| p.sequence).collect(),
+            })
+        })
+        .collect()
 }
 
 pub async fn inspect(args: InspectArgs) -> anyhow::Result<ExitCode> {
@@ -54,6 +101,17 @@ pub async fn inspect(args: InspectArgs) -> anyhow::Result<ExitCode> {
         .iter()
         .flat_map(|s| store.states(s))
         .collect();
+    let latest = recovered.latest.as_ref();
+    let only = args.key.as_deref();
+    let inputs = key_inputs(latest, only);
+    let skipped: Vec<_> = latest
+        .map_or(&[][..], |c| &c.skipped)
+        .iter()
+        .filter(|s| only.is_none_or(|k| k == s.key))
+        .collect();
+    let commands = CommandDir::of(&args.state);
+    let pending_commands = commands.pending_now()?;
+    let done_commands = commands.done()?;
     if !args.json {
         let ids = recovered.checkpoints.list().await?;
         match &recovered.latest {
@@ -71,6 +129,34 @@ pub async fn inspect(args: InspectArgs) -> anyhow::Result<ExitCode> {
             bounds.push(recovered.log.bounds(partition).await?);
         }
         println!("log partitions [start, end): {bounds:?}");
+        print_inputs(&inputs);
+        for skip in &skipped {
+            println!(
+                "skipped: {} #{} by {}: {}",
+                skip.key,
+                skip.sequence,
+                skip.by,
+                shorten(&skip.reason)
+            );
+        }
+        for command in &pending_commands {
+            println!(
+                "command {} pending: {}",
+                command.id,
+                super::operator::describe(command)
+            );
+        }
+        for done in &done_commands {
+            let outcome = match &done.outcome {
+                Outcome::Applied { sequence } => format!("done (#{sequence})"),
+                Outcome::Refused { error } => format!("refused: {error}"),
+            };
+            println!(
+                "command {}: {}: {outcome}",
+                done.command.id,
+                super::operator::describe(&done.command)
+            );
+        }
     }
     let mut by_key: BTreeMap<String, Vec<ActionState>> = BTreeMap::new();
     for state in states {
@@ -86,7 +172,13 @@ pub async fn inspect(args: InspectArgs) -> anyhow::Result<ExitCode> {
         states.sort_by_key(|s| (s.key.sequence, s.version));
     }
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&by_key)?);
+        let shown = serde_json::json!({
+            "inputs": inputs,
+            "skipped": skipped,
+            "commands": { "pending": pending_commands, "done": done_commands },
+            "keys": by_key,
+        });
+        println!("{}", serde_json::to_string_pretty(&shown)?);
         return Ok(ExitCode::SUCCESS);
     }
     for (scope, states) in &by_key {
@@ -142,6 +234,29 @@ pub async fn inspect(args: InspectArgs) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The unfinished inputs at the newest checkpoint, a line per key.
+fn print_inputs(inputs: &[KeyInputs]) {
+    for input in inputs {
+        let behind = match (input.waiting.first(), input.waiting.last()) {
+            (Some(first), Some(last)) if first == last => format!("; #{first} waits behind it"),
+            (Some(first), Some(last)) => format!(
+                "; {} inputs (#{first} to #{last}) wait behind it",
+                input.waiting.len()
+            ),
+            _ => String::new(),
+        };
+        match (&input.error, input.attempts) {
+            (Some(error), Some(attempts)) => println!(
+                "input {} #{}: parked after {attempts} attempts: {}{behind}",
+                input.key,
+                input.sequence,
+                shorten(error)
+            ),
+            _ => println!("input {} #{}: accepted{behind}", input.key, input.sequence),
+        }
+    }
 }
 
 fn shorten(text: &str) -> String {

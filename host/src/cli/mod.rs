@@ -3,6 +3,7 @@
 mod check;
 mod cluster;
 mod inspect;
+mod operator;
 mod run;
 mod serve;
 mod state;
@@ -40,8 +41,14 @@ enum Command {
     Run(run::RunArgs),
     /// Check whether a component fits the rewind:action world.
     Check(check::CheckArgs),
-    /// Show what runs recorded: per key, the actions and their calls.
+    /// Show what runs recorded: parked inputs, skips, operator commands, and per key the
+    /// actions and their calls.
     Inspect(inspect::InspectArgs),
+    /// Retry a parked input of a run's state (a run that holds the state carries it out;
+    /// else the next run does, which retries every parked input anyway).
+    Retry(operator::RetryArgs),
+    /// Skip a parked input of a run's state, saying why: its key's next input runs.
+    Skip(operator::SkipArgs),
     /// Kill an agent's run at every durable boundary in turn, recover, and compare with an
     /// uninterrupted run.
     Test(test::TestArgs),
@@ -86,7 +93,9 @@ pub fn test_hooks(cli: &Cli) -> anyhow::Result<Option<OsString>> {
         Command::Run(_) | Command::Test(_) => None,
         Command::Serve(_) => Some("rewind serve"),
         Command::Cluster(_) => Some("rewind cluster"),
-        Command::Check(_) | Command::Inspect(_) => return Ok(None),
+        Command::Check(_) | Command::Inspect(_) | Command::Retry(_) | Command::Skip(_) => {
+            return Ok(None);
+        }
     };
     if let Some(server) = server {
         if let Some(name) = TEST_HOOKS
@@ -125,6 +134,8 @@ pub async fn main(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Run(args) => run::run(args, sandbox()?).await,
         Command::Check(args) => check::check(args, sandbox()?),
         Command::Inspect(args) => inspect::inspect(args).await,
+        Command::Retry(args) => operator::retry(args).await,
+        Command::Skip(args) => operator::skip(args).await,
         Command::Test(args) => test::test(args, cli.cache_dir.clone(), cli.verbose > 0).await,
         Command::Serve(args) => serve::serve(args, sandbox()?).await,
         Command::Cluster(args) => cluster::cluster(args, || Ok(sandbox()?)).await,

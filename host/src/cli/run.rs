@@ -9,6 +9,7 @@ use std::time::Duration;
 use anyhow::{Context as _, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 use rewind_host::agent::{Agent, AgentFile, JsonlSink, input};
+use rewind_host::commands::{CommandDir, Outcome};
 use rewind_host::keys::{Checkpointing, Progress, RunOptions, Summary, run_inputs};
 use rewind_host::log::Recovery;
 use rewind_host::sandbox::Sandbox;
@@ -90,9 +91,11 @@ pub async fn run(args: RunArgs, sandbox: Sandbox) -> anyhow::Result<ExitCode> {
         &config,
         vec![Arc::new(recovered.log.clone())],
     );
+    let commands = CommandDir::of(&args.state);
     let options = RunOptions {
         checkpointing: Some(&checkpointing),
         resume: recovered.latest.as_ref(),
+        commands: Some(&commands),
     };
     let lines = futures_util::stream::iter(input::read_lines(BufReader::new(reader)));
     let progress = Bar(bar.clone());
@@ -228,10 +231,18 @@ fn print_summary(summary: &Summary) {
     if summary.waiting.len() > 10 {
         eprintln!("waiting: {} more keys", summary.waiting.len() - 10);
     }
+    for (command, outcome) in &summary.commands {
+        let described = super::operator::describe(command);
+        match outcome {
+            Outcome::Applied { sequence } => eprintln!("operator: {described}: done (#{sequence})"),
+            Outcome::Refused { error } => eprintln!("operator: {described}: refused: {error}"),
+        }
+    }
     if !summary.parked.is_empty() || !summary.stopped.is_empty() {
         eprintln!(
             "running the same command again (on the same --state) retries every parked input, \
-             then the inputs waiting behind it"
+             then the inputs waiting behind it; `rewind skip --state DIR --key K --reason WHY` \
+             skips one instead"
         );
     }
 }

@@ -152,6 +152,7 @@ pub async fn run(
     let options = RunOptions {
         checkpointing: Some(&checkpointing),
         resume: latest.as_ref(),
+        commands: None,
     };
     let summary = run_inputs(agent, Box::pin(lines), &mut sink, &(), options)
         .await

@@ -611,14 +611,11 @@ async fn work<F: Front>(shared: Arc<Shared<F>>, key: F::Key) {
                 attempts: attempt,
                 error: message,
             };
-            // Stalled from now on, but taking no command until the front end has recorded
-            // the park: a retry recorded before it would be undone by it at recovery.
-            set_head(&shared, &key, parked, false);
+            // Parked (and so shown, and taking commands) once the front end has recorded
+            // it: a retry recorded before the park would be undone by it at recovery.
             let next = Next::Parked { attempts: attempt };
             front.failed(&key, &queued, report, error, next).await;
-            if let Some(state) = shared.lock().keys.get_mut(&key) {
-                state.working = false;
-            }
+            set_head(&shared, &key, parked, true);
             return;
         };
         let mut table = shared.lock();

@@ -1,7 +1,7 @@
 //! The front end of `rewind run` and `rewind cluster`: inputs from a stream of lines,
 //! outputs to a sink, progress saved in checkpoints.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -13,11 +13,15 @@ use super::{Front, Head, Keys, Next, Queued, Refusal};
 use crate::agent::input::{InputLine, LineError};
 use crate::agent::output::OutputSink;
 use crate::agent::{Agent, InputError, InputReport, Memory, StateConfig};
-use crate::checkpoint::{Checkpoint, CheckpointId, CheckpointStore, KeyProgress, PendingInput};
+use crate::checkpoint::{
+    Checkpoint, CheckpointId, CheckpointStore, KeyProgress, ParkedInput, PendingInput, SkippedInput,
+};
+use crate::commands::{Command, CommandQueue, Outcome, Verb};
 use crate::crash::{self, CrashPoint};
 use crate::durable::{CallStats, CallsByFunction};
 use crate::event::Input;
 use crate::log::Log;
+use crate::text;
 
 /// Told as inputs are accepted and finished (a progress bar, for instance).
 pub trait Progress: Sync {
@@ -38,7 +42,8 @@ pub struct Summary {
     pub completed: u64,
     /// Failed attempts that were retried.
     pub retries: u64,
-    /// Inputs parked after their last attempt failed, each with its last error.
+    /// Inputs parked after their last attempt failed and still parked at the end (not
+    /// retried or skipped by an operator meanwhile), each with its last error.
     pub parked: Vec<InputError>,
     /// Per key with a parked or stopped input: its later inputs, which wait behind it.
     pub waiting: BTreeMap<String, WaitingInputs>,
@@ -57,6 +62,8 @@ pub struct Summary {
     pub calls_by_function: CallsByFunction,
     /// Events of a kind no action handles, dropped (`unhandled-events = "drop"`).
     pub unhandled: u64,
+    /// Operator commands carried out or refused, in order.
+    pub commands: Vec<(Command, Outcome)>,
     pub elapsed: Duration,
 }
 
@@ -146,7 +153,17 @@ pub struct RunOptions<'a> {
     pub checkpointing: Option<&'a Checkpointing>,
     /// Where to resume: the checkpoint recovery started from.
     pub resume: Option<&'a Checkpoint>,
+    /// Where operators leave commands (retry or skip a parked input): those left before
+    /// the run are carried out first, then every parked input still parked is retried, and
+    /// while it runs, new ones are carried out within [`COMMAND_POLL`].
+    pub commands: Option<&'a dyn CommandQueue>,
 }
+
+/// How often a run looks for operator commands.
+pub const COMMAND_POLL: Duration = Duration::from_millis(250);
+
+/// Who retries what a new run finds parked.
+const RERUN: &str = "rewind run (a new run retries every parked input)";
 
 /// Accepted inputs and each key's progress, for checkpoints.
 #[derive(Debug, Default)]
@@ -218,10 +235,21 @@ pub async fn run_inputs<S: OutputSink>(
         since_checkpoint: (0, Instant::now()),
         changed: false,
         failed_checkpoints: 0,
+        commands: options.commands,
+        poll: options.commands.map(|_| {
+            let mut poll = tokio::time::interval(COMMAND_POLL);
+            poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            poll
+        }),
+        taken: HashSet::new(),
+        applied: Vec::new(),
+        skipped: Vec::new(),
     };
     if let Some(checkpoint) = options.resume {
         run.restore(checkpoint);
     }
+    run.carry_out_commands().await?;
+    run.retry_parked().await;
     let skip_to = run.tracker.position;
     let max_in_flight = agent.parallelism() * IN_FLIGHT_PER_KEY_SLOT;
     let mut lines = lines;
@@ -236,6 +264,10 @@ pub async fn run_inputs<S: OutputSink>(
             }
             () = tokio::time::sleep_until(due.unwrap_or_else(far_future).into()), if due.is_some() => {
                 run.checkpoint().await?;
+                continue;
+            }
+            () = tick(&mut run.poll) => {
+                run.carry_out_commands().await?;
                 continue;
             }
             next = lines.next(), if intake => next,
@@ -263,6 +295,16 @@ pub async fn run_inputs<S: OutputSink>(
 
 fn far_future() -> Instant {
     Instant::now() + Duration::from_secs(86_400)
+}
+
+/// The next tick of `poll`; never without one.
+async fn tick(poll: &mut Option<tokio::time::Interval>) {
+    match poll {
+        Some(poll) => {
+            poll.tick().await;
+        }
+        None => std::future::pending().await,
+    }
 }
 
 /// What the keys report to the run, in the order it happened per key.
@@ -326,6 +368,9 @@ impl Front for StreamFront {
             .send(Done::Stopped(queued.input.clone(), fault.to_owned()));
     }
 
+    /// The run's loop asked for the skip, and records it in its next checkpoint (taken at
+    /// once) before it says the command is done: a crash before that leaves the input
+    /// parked and the command pending, carried out again by the next run.
     async fn skipped(
         &self,
         _: &String,
@@ -334,11 +379,12 @@ impl Front for StreamFront {
         _: &str,
         _: &str,
     ) -> Result<(), String> {
-        Err("a run skips no input while it runs".to_owned())
+        Ok(())
     }
 
+    /// Nothing to record: a run started on the state retries every parked input anyway.
     async fn retried(&self, _: &String, _: &Queued<()>, _: &str) -> Result<(), String> {
-        Err("a run retries no parked input while it runs".to_owned())
+        Ok(())
     }
 }
 
@@ -362,6 +408,15 @@ struct Run<'a, S: OutputSink> {
     changed: bool,
     /// Checkpoints that failed since the last one saved.
     failed_checkpoints: u32,
+    commands: Option<&'a dyn CommandQueue>,
+    /// When to look for commands again (with `commands`).
+    poll: Option<tokio::time::Interval>,
+    /// Ids of the commands taken by this run: each is carried out once.
+    taken: HashSet<String>,
+    /// Commands carried out whose effect the next checkpoint records; done once it is saved.
+    applied: Vec<(Command, Outcome)>,
+    /// Every input an operator skipped, as checkpoints keep them.
+    skipped: Vec<SkippedInput>,
 }
 
 impl<S: OutputSink> Run<'_, S> {
@@ -387,17 +442,144 @@ impl<S: OutputSink> Run<'_, S> {
                 .restore(key.clone(), progress.next_sequence, Arc::clone(&memory));
             self.memory.insert(key.clone(), memory);
         }
+        self.skipped.clone_from(&checkpoint.skipped);
         let mut pending = checkpoint.pending.clone();
         pending.sort_by(|a, b| (&a.key, a.sequence).cmp(&(&b.key, b.sequence)));
-        for input in pending {
+        for pending in pending {
             self.summary.inputs += 1;
             self.progress.accepted();
-            self.dispatch(Input {
-                key: input.key,
-                sequence: input.sequence,
-                payload: input.payload,
-            });
+            let input = Input {
+                key: pending.key.clone(),
+                sequence: pending.sequence,
+                payload: pending.payload.clone(),
+            };
+            let key = pending.key.clone();
+            let parked = pending.parked.clone();
+            self.tracker
+                .pending
+                .insert((key.clone(), pending.sequence), pending);
+            let queued = Queued { input, extra: () };
+            match parked {
+                Some(parked) => {
+                    self.keys
+                        .restore_parked(key, queued, parked.attempts, parked.error);
+                }
+                None => {
+                    self.keys.push(key, queued);
+                }
+            }
         }
+    }
+
+    /// Carries out the operator commands left since it last looked, in order. A skip is
+    /// in the checkpoint taken at once before its command is done.
+    async fn carry_out_commands(&mut self) -> std::io::Result<()> {
+        let Some(queue) = self.commands else {
+            return Ok(());
+        };
+        let commands = match queue.pending().await {
+            Ok(commands) => commands,
+            Err(error) => {
+                tracing::warn!("operator commands not read; looking again soon: {error}");
+                return Ok(());
+            }
+        };
+        let mut checkpoint = false;
+        for command in commands {
+            if !self.taken.insert(command.id.clone()) {
+                continue;
+            }
+            let outcome = self.carry_out(&command).await;
+            if let Outcome::Refused { error } = &outcome {
+                tracing::warn!(key = %command.key, command = %command.id, by = %command.by,
+                    verb = command.verb.name(), "operator command refused: {error}");
+            }
+            self.summary
+                .commands
+                .push((command.clone(), outcome.clone()));
+            let record = matches!(
+                (&command.verb, &outcome),
+                (Verb::Skip { .. }, Outcome::Applied { .. })
+            );
+            if record && self.checkpointing.is_some() {
+                checkpoint = true;
+                self.applied.push((command, outcome));
+            } else {
+                finish(queue, &command, &outcome).await;
+            }
+        }
+        if checkpoint {
+            self.checkpoint().await?;
+        }
+        Ok(())
+    }
+
+    async fn carry_out(&mut self, command: &Command) -> Outcome {
+        let key = &command.key;
+        let done = match &command.verb {
+            Verb::Retry => {
+                let retried = self.keys.retry(key, command.sequence, &command.by, |_| {});
+                retried
+                    .await
+                    .inspect(|&sequence| self.unpark(key, sequence))
+            }
+            Verb::Skip { reason } => {
+                // Skipped already, by this command, in a run that stopped before it said so.
+                if let Some(done) = self.skipped.iter().find(|s| s.command == command.id) {
+                    return Outcome::Applied {
+                        sequence: done.sequence,
+                    };
+                }
+                let skipped = self.keys.skip(key, command.sequence, &command.by, reason);
+                skipped.await.inspect(|&sequence| {
+                    self.unpark(key, sequence);
+                    self.tracker.pending.remove(&(key.clone(), sequence));
+                    if let Some((_, last)) = self.tracker.keys.get_mut(key) {
+                        *last = (*last).max(sequence);
+                    }
+                    self.skipped.push(SkippedInput {
+                        key: key.clone(),
+                        sequence,
+                        by: command.by.clone(),
+                        reason: reason.clone(),
+                        command: command.id.clone(),
+                    });
+                    self.changed = true;
+                })
+            }
+        };
+        match done {
+            Ok(sequence) => Outcome::Applied { sequence },
+            Err(error) => Outcome::Refused {
+                error: error.to_string(),
+            },
+        }
+    }
+
+    /// Retries every input still parked: a run started on a state is an operator's retry
+    /// of them all.
+    async fn retry_parked(&mut self) {
+        for head in self
+            .keys
+            .heads(|_, head| matches!(head, Head::Parked { .. }))
+        {
+            let sequence = head.first.input.sequence;
+            let retried = self.keys.retry(&head.key, Some(sequence), RERUN, |_| {});
+            if retried.await.is_ok() {
+                self.unpark(&head.key, sequence);
+            }
+        }
+    }
+
+    /// `key`'s input `sequence` runs again, or was skipped: no longer parked.
+    fn unpark(&mut self, key: &str, sequence: u64) {
+        if let Some(pending) = self.tracker.pending.get_mut(&(key.to_owned(), sequence)) {
+            pending.parked = None;
+            self.changed = true;
+        }
+        self.summary
+            .parked
+            .retain(|error| error.input() != (key, sequence));
     }
 
     /// Gives `line` its key's next sequence and queues it.
@@ -424,6 +606,7 @@ impl<S: OutputSink> Run<'_, S> {
                 key: input.key.clone(),
                 sequence: input.sequence,
                 payload: input.payload.clone(),
+                parked: None,
             },
         );
         self.keys
@@ -439,6 +622,10 @@ impl<S: OutputSink> Run<'_, S> {
                 next = self.done_rx.recv() => next,
                 () = tokio::time::sleep_until(due.unwrap_or_else(far_future).into()), if due.is_some() => {
                     self.checkpoint().await?;
+                    continue;
+                }
+                () = tick(&mut self.poll) => {
+                    self.carry_out_commands().await?;
                     continue;
                 }
             };
@@ -580,6 +767,7 @@ impl<S: OutputSink> Run<'_, S> {
             pending,
             marker,
             output_position,
+            skipped: self.skipped.clone(),
         };
         checkpointing
             .store
@@ -615,6 +803,19 @@ impl<S: OutputSink> Run<'_, S> {
         if !checkpointing.retention.is_empty() {
             retain(checkpointing).await;
         }
+        if let Some(queue) = self.commands {
+            for (command, outcome) in std::mem::take(&mut self.applied) {
+                finish(queue, &command, &outcome).await;
+            }
+        }
+    }
+}
+
+/// Says what came of `command`. When that fails, the command stays pending: the next run
+/// finds it carried out (a skip is in the checkpoint) or refuses it again.
+async fn finish(queue: &dyn CommandQueue, command: &Command, outcome: &Outcome) {
+    if let Err(error) = queue.finish(command, outcome).await {
+        tracing::warn!(command = %command.id, "an operator command's outcome not recorded: {error}");
     }
 }
 
@@ -667,7 +868,18 @@ impl<S: OutputSink> Run<'_, S> {
                 // It stays pending: retried now, or (parked) by the next run.
                 match next {
                     Next::Retry { .. } => self.summary.retries += 1,
-                    Next::Parked { .. } => {
+                    Next::Parked { attempts } => {
+                        let key = (input.key.clone(), input.sequence);
+                        if let Some(pending) = self.tracker.pending.get_mut(&key) {
+                            // Kept beside its key and sequence: without them again.
+                            let error = error.to_string();
+                            let prefix = format!("{} #{}: ", key.0, key.1);
+                            let error = error.strip_prefix(&prefix).unwrap_or(&error);
+                            pending.parked = Some(ParkedInput {
+                                attempts,
+                                error: text::outside_error(error),
+                            });
+                        }
                         self.summary.parked.push(error);
                         self.progress.finished(&input, false);
                     }

@@ -16,6 +16,7 @@ mod kill;
 mod kit;
 mod model;
 mod nats;
+mod operator;
 mod polyglot;
 mod recovery;
 mod remote;

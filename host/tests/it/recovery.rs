@@ -130,6 +130,7 @@ async fn process_into_sink(
         RunOptions {
             checkpointing: Some(&checkpointing),
             resume: latest.as_ref(),
+            commands: None,
         },
     )
     .await
@@ -383,6 +384,7 @@ async fn checkpoints_failing_in_a_row_stop_the_run_naming_the_cause() {
         RunOptions {
             checkpointing: Some(&checkpointing),
             resume: None,
+            commands: None,
         },
     )
     .await

@@ -264,7 +264,17 @@ async fn the_support_example_calls_each_function_once_across_runs() {
         .expect("runs");
     assert!(inspect.status.success(), "{}", text(&inspect.stderr));
     let recorded: Value = serde_json::from_slice(&inspect.stdout).expect("JSON");
-    assert!(recorded.as_object().is_some_and(|keys| !keys.is_empty()));
+    assert!(
+        recorded["keys"]
+            .as_object()
+            .is_some_and(|keys| !keys.is_empty()),
+        "{recorded}"
+    );
+    assert_eq!(
+        recorded["inputs"],
+        serde_json::json!([]),
+        "every input completed"
+    );
 }
 
 #[test]

@@ -110,3 +110,109 @@ fn a_parked_input_holds_back_only_its_own_key_and_the_run_ends() {
 fn ten_thousand_inputs_waiting_behind_a_parked_one_do_not_stop_the_run() {
     blocked_behind_one_failure(10_000);
 }
+
+/// `rewind inspect --state .rewind` in `dir`, its standard output.
+fn inspect(dir: &Path) -> String {
+    let out = rewind(dir).arg("inspect").output().expect("inspect runs");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    text(&out.stdout)
+}
+
+#[test]
+fn a_skip_left_with_no_run_going_is_carried_out_by_the_next_run_and_inspect_shows_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let agent = caller_agent(dir.path(), "[retry]\nattempts = 2\ninitial-ms = 1\n");
+    let lines = "{\"key\":\"k\",\"payload\":{\"fail\":\"the payload is bad\"}}\n\
+                 {\"key\":\"k\",\"payload\":{}}\n{\"key\":\"k\",\"payload\":{}}\n";
+    let input = write(dir.path(), "in.jsonl", lines);
+    let first = run_to_the_end(dir.path(), &agent, &input);
+    assert_eq!(first.status.code(), Some(1), "{}", text(&first.stderr));
+    let shown = inspect(dir.path());
+    assert!(
+        shown.contains(
+            "input k #1: parked after 2 attempts: action `work`: the action returned an \
+             error: the payload is bad; 2 inputs (#2 to #3) wait behind it"
+        ),
+        "{shown}"
+    );
+
+    let skip = rewind(dir.path())
+        .args([
+            "skip",
+            "--key",
+            "k",
+            "--by",
+            "alice",
+            "--reason",
+            "bad payload",
+        ])
+        .output()
+        .expect("skip runs");
+    let said = text(&skip.stderr);
+    assert!(
+        skip.status.success() && said.contains("left command"),
+        "{said}"
+    );
+    let stray = rewind(dir.path())
+        .args(["retry", "--key", "nobody", "--by", "bob"])
+        .output()
+        .expect("retry runs");
+    assert!(stray.status.success(), "{}", text(&stray.stderr));
+    assert!(
+        inspect(dir.path()).contains("pending: skip of key k by alice"),
+        "the commands wait for a run"
+    );
+
+    let second = run_to_the_end(dir.path(), &agent, &input);
+    let said = text(&second.stderr);
+    assert!(second.status.success(), "{said}");
+    assert!(
+        said.contains("operator: skip of key k by alice: done (#1)"),
+        "{said}"
+    );
+    assert!(
+        said.contains(
+            "operator: retry of key nobody by bob: refused: key nobody has no parked input"
+        ),
+        "{said}"
+    );
+    let outputs = std::fs::read_to_string(dir.path().join("out.jsonl")).expect("outputs");
+    let sequences: Vec<u64> = outputs
+        .lines()
+        .map(|line| {
+            let output: Value = serde_json::from_str(line).expect("an output line");
+            output["sequence"].as_u64().expect("a sequence")
+        })
+        .collect();
+    assert_eq!(
+        sequences,
+        [2, 3],
+        "the skipped input never ran; the others once"
+    );
+
+    let shown = inspect(dir.path());
+    assert!(
+        shown.contains("skipped: k #1 by alice: bad payload"),
+        "{shown}"
+    );
+    assert!(
+        shown.contains("skip of key k by alice: done (#1)"),
+        "{shown}"
+    );
+    assert!(
+        !shown.contains("input k #"),
+        "nothing of k is unfinished: {shown}"
+    );
+}
+
+#[test]
+fn a_command_on_a_directory_with_no_state_is_refused_naming_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = rewind(dir.path())
+        .args(["skip", "--key", "k", "--reason", "r"])
+        .output()
+        .expect("skip runs");
+    let said = text(&out.stderr);
+    assert!(!out.status.success(), "{said}");
+    assert!(said.contains(".rewind holds no state"), "{said}");
+}

@@ -1,0 +1,228 @@
+//! Operator commands on a run that is going: a parked input skipped or retried from
+//! outside the process, through the state directory's commands.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt as _;
+use rewind_host::agent::input::{InputLine, LineError};
+use rewind_host::agent::{Agent, JsonlSink};
+use rewind_host::checkpoint::{Checkpoint, CheckpointStore as _, FileCheckpoints};
+use rewind_host::commands::{CommandDir, Done, Outcome, Verb};
+use rewind_host::keys::{Checkpointing, RunOptions, Summary, run_inputs};
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+
+use crate::support::{agent_toml, agent_with, memory_store};
+
+/// Longer than anything here takes on a loaded machine: only a lost command reaches it.
+const PATIENCE: Duration = Duration::from_secs(120);
+
+/// A run of an agent whose inputs fail on `{"fail": ...}` (2 attempts), fed line by line
+/// from the test, with checkpoints every 20 ms and the commands of `state`.
+struct Going {
+    lines: mpsc::UnboundedSender<Result<InputLine, LineError>>,
+    fed: usize,
+    checkpoints: Arc<FileCheckpoints>,
+    commands: CommandDir,
+    run: tokio::task::JoinHandle<(Summary, String)>,
+}
+
+impl Going {
+    fn start(state: &std::path::Path) -> Self {
+        let agent = Arc::new(agent_with(
+            &agent_toml("caller", "", "[retry]\nattempts = 2\ninitial-ms = 1\n"),
+            memory_store(),
+            &[],
+        ));
+        let checkpoints = Arc::new(FileCheckpoints::new(state.join("checkpoints")));
+        let commands = CommandDir::of(state);
+        let (lines, rx) = mpsc::unbounded_channel();
+        let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+            rx.recv().await.map(|line| (line, rx))
+        })
+        .boxed();
+        let run = tokio::spawn(run(
+            agent,
+            stream,
+            Arc::clone(&checkpoints),
+            commands.clone(),
+        ));
+        Self {
+            lines,
+            fed: 0,
+            checkpoints,
+            commands,
+            run,
+        }
+    }
+
+    fn feed(&mut self, key: &str, payload: &Value) {
+        self.fed += 1;
+        let line = InputLine {
+            id: None,
+            line: self.fed,
+            key: key.to_owned(),
+            payload: payload.to_string(),
+        };
+        self.lines.send(Ok(line)).expect("the run takes lines");
+    }
+
+    /// The newest checkpoint, once `until` holds of it.
+    async fn checkpoint(&self, until: impl Fn(&Checkpoint) -> bool) -> Checkpoint {
+        let started = Instant::now();
+        loop {
+            let latest = self.checkpoints.latest().await.expect("read checkpoints");
+            if let Some(latest) = latest.filter(|c| until(c)) {
+                return latest;
+            }
+            assert!(started.elapsed() < PATIENCE, "no such checkpoint was taken");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// What came of the command `id`, once the run has carried it out.
+    async fn outcome(&self, id: &str) -> Done {
+        let started = Instant::now();
+        loop {
+            if let Some(done) = self.commands.outcome(id).expect("read the outcome") {
+                return done;
+            }
+            assert!(
+                started.elapsed() < PATIENCE,
+                "command {id} was not carried out"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    async fn end(self) -> (Summary, String) {
+        drop(self.lines);
+        self.run.await.expect("the run ends")
+    }
+}
+
+async fn run(
+    agent: Arc<Agent>,
+    lines: futures_util::stream::BoxStream<'static, Result<InputLine, LineError>>,
+    checkpoints: Arc<FileCheckpoints>,
+    commands: CommandDir,
+) -> (Summary, String) {
+    let checkpointing = Checkpointing {
+        store: checkpoints,
+        every_inputs: None,
+        every: Some(Duration::from_millis(20)),
+        keep: 3,
+        retention: Vec::new(),
+    };
+    let mut sink = JsonlSink::new(Vec::new());
+    let options = RunOptions {
+        checkpointing: Some(&checkpointing),
+        resume: None,
+        commands: Some(&commands),
+    };
+    let summary = run_inputs(agent, lines, &mut sink, &(), options)
+        .await
+        .expect("the run");
+    (
+        summary,
+        String::from_utf8(sink.into_inner()).expect("utf-8"),
+    )
+}
+
+/// Whether `checkpoint` has `key`'s input `sequence` parked.
+fn parked(checkpoint: &Checkpoint, key: &str, sequence: u64) -> bool {
+    checkpoint
+        .pending
+        .iter()
+        .any(|p| p.key == key && p.sequence == sequence && p.parked.is_some())
+}
+
+/// (key, sequence) of every output written.
+fn outputs(written: &str) -> Vec<(String, u64)> {
+    written
+        .lines()
+        .map(|line| {
+            let output: Value = serde_json::from_str(line).expect("an output line");
+            let key = output["key"].as_str().expect("key").to_owned();
+            (key, output["sequence"].as_u64().expect("sequence"))
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_skip_left_while_a_run_goes_is_checkpointed_then_done_and_the_key_goes_on() {
+    let state = tempfile::tempdir().expect("tempdir");
+    let mut going = Going::start(state.path());
+    going.feed("k", &json!({ "fail": "the payload is bad" }));
+    going.feed("k", &json!({}));
+    let at_park = going.checkpoint(|c| parked(c, "k", 1)).await;
+    let pending: Vec<u64> = at_park.pending.iter().map(|p| p.sequence).collect();
+    assert_eq!(pending, [1, 2], "the input behind the parked one waits");
+    let error = &at_park.pending[0].parked.as_ref().expect("parked").error;
+    assert!(error.contains("the payload is bad"), "{error}");
+
+    let reason = "bad payload, refunded by hand".to_owned();
+    let skip = going
+        .commands
+        .submit(
+            "k",
+            Some(1),
+            "alice",
+            Verb::Skip {
+                reason: reason.clone(),
+            },
+        )
+        .expect("left");
+    let done = going.outcome(&skip.id).await;
+    assert_eq!(done.outcome, Outcome::Applied { sequence: 1 });
+    // Done only once a checkpoint holds the skip: a crash now does not undo it.
+    let latest = going.checkpoint(|_| true).await;
+    let skipped: Vec<_> = latest
+        .skipped
+        .iter()
+        .map(|s| (s.key.as_str(), s.sequence, s.by.as_str(), s.reason.as_str()))
+        .collect();
+    assert_eq!(skipped, [("k", 1, "alice", reason.as_str())]);
+    assert!(latest.pending.iter().all(|p| p.sequence != 1), "{latest:?}");
+
+    let (summary, written) = going.end().await;
+    assert_eq!(
+        outputs(&written),
+        [("k".to_owned(), 2)],
+        "#2 ran once, #1 never"
+    );
+    assert!(summary.parked.is_empty(), "{summary:?}");
+    assert_eq!(summary.completed, 1, "{summary:?}");
+    assert!(summary.all_completed(), "{summary:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_left_while_a_run_goes_runs_the_parked_input_again_and_a_stray_one_is_refused() {
+    let state = tempfile::tempdir().expect("tempdir");
+    let mut going = Going::start(state.path());
+    going.feed("k", &json!({ "fail": "still failing" }));
+    going.checkpoint(|c| parked(c, "k", 1)).await;
+
+    let stray = going
+        .commands
+        .submit("other", None, "bob", Verb::Retry)
+        .expect("left");
+    let done = going.outcome(&stray.id).await;
+    let Outcome::Refused { error } = done.outcome else {
+        panic!("a key with nothing parked: {done:?}");
+    };
+    assert!(error.contains("key other has no parked input"), "{error}");
+
+    let retry = going
+        .commands
+        .submit("k", None, "bob", Verb::Retry)
+        .expect("left");
+    let done = going.outcome(&retry.id).await;
+    assert_eq!(done.outcome, Outcome::Applied { sequence: 1 });
+    let (summary, written) = going.end().await;
+    assert!(written.is_empty(), "{written}");
+    // Two attempts, parked, retried: two attempts more, one retry between each pair.
+    assert_eq!(summary.retries, 2, "{summary:?}");
+    assert_eq!(summary.parked.len(), 1, "parked again: {summary:?}");
+}
