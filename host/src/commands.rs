@@ -1,5 +1,5 @@
 //! Operator commands on a state that a process may be running: retry or skip a parked
-//! input. A command is left where the process that holds the state (or, when none does,
+//! input, or answer a call of it left in doubt and retry it. A command is left where the process that holds the state (or, when none does,
 //! the next one to open it) finds it, carries it out, and records its outcome.
 //!
 //! In a state directory (`rewind run --state DIR`):
@@ -25,8 +25,9 @@ use crate::private;
 /// The format of a command file; a file of another is refused, naming both.
 pub const FORMAT: u32 = 1;
 
-/// The largest command file read: a key, a reason and who asked fit in far less.
-pub const MAX_COMMAND_BYTES: u64 = 64 * 1024;
+/// The largest command file: a key, a reason and who asked fit in far less; an answer for a
+/// call in doubt (a model's reply) may take more.
+pub const MAX_COMMAND_BYTES: u64 = 1024 * 1024;
 
 /// The longest reason kept, in bytes.
 pub const MAX_REASON_BYTES: usize = 4096;
@@ -39,6 +40,26 @@ pub enum Verb {
     Retry,
     /// Finish it without running it; the key's next input runs.
     Skip { reason: String },
+    /// Record what became of its call `call` (of `action`, when more than one has that
+    /// call in doubt), then retry it.
+    Resolve {
+        call: usize,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        action: Option<String>,
+        answer: CallAnswer,
+    },
+}
+
+/// What became of a call in doubt, as an operator found out.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CallAnswer {
+    /// It ran, and answered this JSON (as text).
+    Result(String),
+    /// It ran, and failed with this error.
+    Error(String),
+    /// It never reached its function: made again, under the same idempotency key.
+    NotMade,
 }
 
 impl Verb {
@@ -46,6 +67,7 @@ impl Verb {
         match self {
             Self::Retry => "retry",
             Self::Skip { .. } => "skip",
+            Self::Resolve { .. } => "resolve",
         }
     }
 }
@@ -169,6 +191,15 @@ impl CommandDir {
         };
         let bytes = serde_json::to_vec_pretty(&command)
             .map_err(|e| invalid("a command", &e.to_string()))?;
+        if bytes.len() as u64 > MAX_COMMAND_BYTES {
+            return Err(invalid(
+                "the command",
+                &format!(
+                    "is {} bytes, over the {MAX_COMMAND_BYTES} a command may take",
+                    bytes.len()
+                ),
+            ));
+        }
         private::create_private_dir(&self.dir).map_err(io(&self.dir))?;
         let path = self.dir.join(format!("{}.json", command.id));
         private::write(&path, &bytes).map_err(io(&path))?;

@@ -49,6 +49,9 @@ enum Command {
     Retry(operator::RetryArgs),
     /// Skip a parked input of a run's state, saying why: its key's next input runs.
     Skip(operator::SkipArgs),
+    /// Answer a call of a parked input left in doubt (what the remote did, or that it was
+    /// never made), then retry the input.
+    Resolve(operator::ResolveArgs),
     /// Kill an agent's run at every durable boundary in turn, recover, and compare with an
     /// uninterrupted run.
     Test(test::TestArgs),
@@ -93,7 +96,11 @@ pub fn test_hooks(cli: &Cli) -> anyhow::Result<Option<OsString>> {
         Command::Run(_) | Command::Test(_) => None,
         Command::Serve(_) => Some("rewind serve"),
         Command::Cluster(_) => Some("rewind cluster"),
-        Command::Check(_) | Command::Inspect(_) | Command::Retry(_) | Command::Skip(_) => {
+        Command::Check(_)
+        | Command::Inspect(_)
+        | Command::Retry(_)
+        | Command::Skip(_)
+        | Command::Resolve(_) => {
             return Ok(None);
         }
     };
@@ -136,6 +143,7 @@ pub async fn main(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Inspect(args) => inspect::inspect(args).await,
         Command::Retry(args) => operator::retry(args).await,
         Command::Skip(args) => operator::skip(args).await,
+        Command::Resolve(args) => operator::resolve(args).await,
         Command::Test(args) => test::test(args, cli.cache_dir.clone(), cli.verbose > 0).await,
         Command::Serve(args) => serve::serve(args, sandbox()?).await,
         Command::Cluster(args) => cluster::cluster(args, || Ok(sandbox()?)).await,

@@ -1,12 +1,12 @@
-//! `rewind retry|skip --state DIR --key K [--sequence N]`: operator commands on a state
-//! directory, carried out by the `rewind run` that holds it, or by the next one.
+//! `rewind retry|skip|resolve --state DIR --key K [--sequence N]`: operator commands on a
+//! state directory, carried out by the `rewind run` that holds it, or by the next one.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
-use rewind_host::commands::{Command, CommandDir, Outcome, Verb};
+use rewind_host::commands::{CallAnswer, Command, CommandDir, Outcome, Verb};
 
 use super::state;
 
@@ -44,6 +44,48 @@ pub struct SkipArgs {
     /// Why it is skipped, kept in the state's history.
     #[arg(long)]
     reason: String,
+}
+
+#[derive(Debug, clap::Args)]
+#[command(group(clap::ArgGroup::new("answer").required(true).args(["result", "error", "not_made"])))]
+pub struct ResolveArgs {
+    #[command(flatten)]
+    target: Target,
+    /// The call's index in its action's run, from 0 (`rewind inspect` lists them as
+    /// `call N`).
+    #[arg(long)]
+    call: usize,
+    /// The action whose call it is, when more than one action of the input has call N in
+    /// doubt.
+    #[arg(long)]
+    action: Option<String>,
+    /// The call ran, and the remote answered this JSON.
+    #[arg(long, value_name = "JSON")]
+    result: Option<String>,
+    /// The call ran, and failed with this error.
+    #[arg(long, value_name = "TEXT")]
+    error: Option<String>,
+    /// The call never reached the remote: it is made again, under the same idempotency key.
+    #[arg(long)]
+    not_made: bool,
+}
+
+pub async fn resolve(args: ResolveArgs) -> anyhow::Result<ExitCode> {
+    let answer = match (args.result, args.error) {
+        (Some(result), _) => {
+            serde_json::from_str::<serde_json::Value>(&result)
+                .with_context(|| format!("--result is not JSON: {result}"))?;
+            CallAnswer::Result(result)
+        }
+        (None, Some(error)) => CallAnswer::Error(error),
+        (None, None) => CallAnswer::NotMade,
+    };
+    let verb = Verb::Resolve {
+        call: args.call,
+        action: args.action,
+        answer,
+    };
+    leave(args.target, verb).await
 }
 
 pub async fn retry(args: RetryArgs) -> anyhow::Result<ExitCode> {
@@ -117,13 +159,20 @@ async fn leave(target: Target, verb: Verb) -> anyhow::Result<ExitCode> {
     }
 }
 
-/// `skip of key K #N by B`.
+/// `skip of key K #N by B`; a resolve names its call.
 pub fn describe(command: &Command) -> String {
     let which = command
         .sequence
         .map_or_else(String::new, |sequence| format!(" #{sequence}"));
+    let call = match &command.verb {
+        Verb::Resolve { call, action, .. } => match action {
+            Some(action) => format!(" call {call} of `{action}`"),
+            None => format!(" call {call}"),
+        },
+        Verb::Retry | Verb::Skip { .. } => String::new(),
+    };
     format!(
-        "{} of key {}{which} by {}",
+        "{} of key {}{which}{call} by {}",
         command.verb.name(),
         command.key,
         command.by

@@ -6,6 +6,7 @@
 mod ambient;
 mod call;
 pub mod digest;
+mod resolve;
 
 pub use ambient::{AmbientSource, RandomStream, SEED_ENV, Seeded, seed, seed_from_env};
 
@@ -13,3 +14,4 @@ pub use call::{
     CallBudget, CallError, CallPolicy, CallStats, CallsByFunction, DivergencePolicy, DurableCalls,
     Fault, InDoubtPolicy,
 };
+pub use resolve::{Answer, ResolveError, Resolved, resolve};

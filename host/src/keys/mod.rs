@@ -176,6 +176,10 @@ pub struct KeyHead<K, X> {
 pub enum CommandError {
     #[error("key {key} has no parked input{}", sequence.map(|s| format!(" #{s}")).unwrap_or_default())]
     NotParked { key: String, sequence: Option<u64> },
+    /// What was to be done before the retry was refused (an answer for a call that is not
+    /// in doubt, say).
+    #[error("{error}")]
+    Refused { error: String },
     #[error("recording the {what} of {key} #{sequence}: {error}")]
     Record {
         what: &'static str,
@@ -441,6 +445,54 @@ impl<F: Front> Keys<F> {
         if start {
             self.spawn(key.clone());
         }
+        Ok(retried)
+    }
+
+    /// Runs `key`'s parked input again (`sequence`, when given, must be it) after `first`
+    /// succeeds: an operator's answer for a call of it left in doubt, say, recorded while
+    /// nothing runs the input and no other command can take it. An error of `first`
+    /// leaves the input parked as it was.
+    pub async fn retry_after<Fut>(
+        &self,
+        key: &F::Key,
+        sequence: Option<u64>,
+        by: &str,
+        first: impl FnOnce(Queued<F::Extra>) -> Fut + Send,
+    ) -> Result<u64, CommandError>
+    where
+        Fut: Future<Output = Result<(), String>> + Send,
+    {
+        // Taken: the key's worker flag held keeps other commands off it meanwhile.
+        let parked = {
+            let mut table = self.shared.lock();
+            let parked = table.parked(key, sequence)?.clone();
+            if let Some(state) = table.keys.get_mut(key) {
+                state.working = true;
+            }
+            parked
+        };
+        let retried = parked.input.sequence;
+        let release = |this: &Self| {
+            if let Some(state) = this.shared.lock().keys.get_mut(key) {
+                state.working = false;
+            }
+        };
+        if let Err(error) = first(parked.clone()).await {
+            release(self);
+            return Err(CommandError::Refused { error });
+        }
+        if let Err(error) = self.shared.front.retried(key, &parked, by).await {
+            release(self);
+            return Err(CommandError::Record {
+                what: "retry",
+                key: key.to_string(),
+                sequence: retried,
+                error,
+            });
+        }
+        tracing::warn!(key = %key, sequence = retried, by, "an operator retries the parked input");
+        self.shared.lock().set_head(key, Head::Idle);
+        self.spawn(key.clone());
         Ok(retried)
     }
 

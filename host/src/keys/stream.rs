@@ -16,9 +16,9 @@ use crate::agent::{Agent, InputError, InputReport, Memory, StateConfig};
 use crate::checkpoint::{
     Checkpoint, CheckpointId, CheckpointStore, KeyProgress, ParkedInput, PendingInput, SkippedInput,
 };
-use crate::commands::{Command, CommandQueue, Outcome, Verb};
+use crate::commands::{CallAnswer, Command, CommandQueue, Outcome, Verb};
 use crate::crash::{self, CrashPoint};
-use crate::durable::{CallStats, CallsByFunction};
+use crate::durable::{self, Answer, CallStats, CallsByFunction};
 use crate::event::Input;
 use crate::log::Log;
 use crate::text;
@@ -519,6 +519,43 @@ impl<S: OutputSink> Run<'_, S> {
         let done = match &command.verb {
             Verb::Retry => {
                 let retried = self.keys.retry(key, command.sequence, &command.by, |_| {});
+                retried
+                    .await
+                    .inspect(|&sequence| self.unpark(key, sequence))
+            }
+            Verb::Resolve {
+                call,
+                action,
+                answer,
+            } => {
+                let store = Arc::clone(self.agent.store());
+                let scope = self.agent.scope(key);
+                let answer = match answer {
+                    CallAnswer::Result(json) => Answer::Result(json.clone()),
+                    CallAnswer::Error(error) => Answer::Error(error.clone()),
+                    CallAnswer::NotMade => Answer::NotMade,
+                };
+                let (call, action) = (*call, action.clone());
+                let resolve = |queued: Queued<()>| async move {
+                    let sequence = queued.input.sequence;
+                    let resolved = durable::resolve(
+                        &*store,
+                        &scope,
+                        sequence,
+                        action.as_deref(),
+                        call,
+                        &answer,
+                    )
+                    .await
+                    .map_err(|e| e.to_string())?;
+                    tracing::warn!(key = %scope.key, sequence, call, action = resolved.action,
+                        function = resolved.function, idempotency_key = resolved.idempotency_key,
+                        answer = ?answer, "an operator answered a call in doubt");
+                    Ok(())
+                };
+                let retried = self
+                    .keys
+                    .retry_after(key, command.sequence, &command.by, resolve);
                 retried
                     .await
                     .inspect(|&sequence| self.unpark(key, sequence))

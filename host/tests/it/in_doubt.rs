@@ -15,16 +15,17 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::{get, post};
 use rewind_host::agent::Agent;
+use rewind_host::durable::{Answer, resolve};
 use rewind_host::store::{ActionStateStore, CallOutcome, InMemoryStore, KeyScope};
 use serde_json::{Value, json};
 
 use crate::support::{agent_file, agent_toml, agent_with, first_output, input, sandbox};
 
 #[derive(Default)]
-struct Payments {
+pub(crate) struct Payments {
     /// Charges made, by idempotency key.
-    charges: Mutex<BTreeMap<String, Value>>,
-    posts: AtomicU64,
+    pub(crate) charges: Mutex<BTreeMap<String, Value>>,
+    pub(crate) posts: AtomicU64,
     asks: AtomicU64,
     /// The next answers to lose (never sent: the caller times out).
     lose: AtomicU64,
@@ -81,7 +82,7 @@ async fn status(State(payments): State<Arc<Payments>>, headers: HeaderMap) -> (S
 }
 
 /// Starts the service; returns it and its base URL.
-async fn payments(lose: u64, apply_when_losing: bool) -> (Arc<Payments>, String) {
+pub(crate) async fn payments(lose: u64, apply_when_losing: bool) -> (Arc<Payments>, String) {
     let payments = Arc::new(Payments {
         lose: AtomicU64::new(lose),
         apply_when_losing,
@@ -103,7 +104,7 @@ async fn payments(lose: u64, apply_when_losing: bool) -> (Arc<Payments>, String)
     (payments, format!("http://{addr}"))
 }
 
-fn pay_agent(base: &str, policy: &str, reconcile_path: &str) -> String {
+pub(crate) fn pay_agent(base: &str, policy: &str, reconcile_path: &str) -> String {
     agent_toml(
         "caller",
         "",
@@ -367,4 +368,79 @@ async fn a_custom_function_reconciles_through_its_own_handler() {
         first_output(&again)["results"][0]["ok"],
         json!({ "entry": { "amount": 5 } })
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operators_answer_for_a_call_in_doubt_is_served_and_the_call_never_made_again() {
+    let (payments, base) = payments(1, true).await;
+    let (agent, store) =
+        first_run_loses_the_answer(&pay_agent(&base, "fail", "/charge/status")).await;
+    let scope = KeyScope::new("default", "test", "ana");
+    let error = resolve(&*store, &scope, 1, None, 3, &Answer::NotMade)
+        .await
+        .expect_err("call 3 was never made")
+        .to_string();
+    assert!(
+        error.contains("has no call 3 in doubt (in doubt: `work` call 0)"),
+        "{error}"
+    );
+    let error = resolve(&*store, &scope, 1, None, 0, &Answer::Result("{".to_owned()))
+        .await
+        .expect_err("not JSON")
+        .to_string();
+    assert!(error.contains("the result is not JSON"), "{error}");
+
+    let answer = Answer::Result(r#"{"charged": 5}"#.to_owned());
+    let resolved = resolve(&*store, &scope, 1, None, 0, &answer)
+        .await
+        .expect("resolved");
+    assert_eq!(
+        (resolved.action.as_str(), resolved.function.as_str()),
+        ("work", "pay")
+    );
+    let again = resolve(&*store, &scope, 1, None, 0, &answer).await;
+    assert_eq!(again.expect("the same answer again").function, "pay");
+
+    let report = agent.process(&pay_input(), &Default::default()).await;
+    assert!(report.error.is_none(), "{:?}", report.error);
+    assert!(
+        first_output(&report).to_string().contains("charged"),
+        "the answer is served: {:?}",
+        report.outputs
+    );
+    assert_eq!(
+        payments.posts.load(Ordering::SeqCst),
+        1,
+        "never called again"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_in_doubt_answered_as_never_made_is_made_again_under_its_key() {
+    let (payments, base) = payments(1, false).await;
+    let (agent, store) =
+        first_run_loses_the_answer(&pay_agent(&base, "fail", "/charge/status")).await;
+    let scope = KeyScope::new("default", "test", "ana");
+    let key = store
+        .states(&scope)
+        .into_iter()
+        .flat_map(|s| s.calls)
+        .map(|c| c.idempotency_key)
+        .next()
+        .expect("a pending record");
+    let resolved = resolve(&*store, &scope, 1, None, 0, &Answer::NotMade)
+        .await
+        .expect("resolved");
+    assert_eq!(resolved.idempotency_key, key);
+    let report = agent.process(&pay_input(), &Default::default()).await;
+    assert!(report.error.is_none(), "{:?}", report.error);
+    assert_eq!(payments.posts.load(Ordering::SeqCst), 2, "made again");
+    let charges: Vec<String> = payments
+        .charges
+        .lock()
+        .expect("lock")
+        .keys()
+        .cloned()
+        .collect();
+    assert_eq!(charges, [key], "under the key it had");
 }

@@ -8,7 +8,7 @@ use futures_util::StreamExt as _;
 use rewind_host::agent::input::{InputLine, LineError};
 use rewind_host::agent::{Agent, JsonlSink};
 use rewind_host::checkpoint::{Checkpoint, CheckpointStore as _, FileCheckpoints};
-use rewind_host::commands::{CommandDir, Done, Outcome, Verb};
+use rewind_host::commands::{CallAnswer, CommandDir, Done, Outcome, Verb};
 use rewind_host::keys::{Checkpointing, RunOptions, Summary, run_inputs};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
@@ -30,11 +30,12 @@ struct Going {
 
 impl Going {
     fn start(state: &std::path::Path) -> Self {
-        let agent = Arc::new(agent_with(
-            &agent_toml("caller", "", "[retry]\nattempts = 2\ninitial-ms = 1\n"),
-            memory_store(),
-            &[],
-        ));
+        let toml = agent_toml("caller", "", "[retry]\nattempts = 2\ninitial-ms = 1\n");
+        Self::start_with(state, &toml)
+    }
+
+    fn start_with(state: &std::path::Path, toml: &str) -> Self {
+        let agent = Arc::new(agent_with(toml, memory_store(), &[]));
         let checkpoints = Arc::new(FileCheckpoints::new(state.join("checkpoints")));
         let commands = CommandDir::of(state);
         let (lines, rx) = mpsc::unbounded_channel();
@@ -225,4 +226,57 @@ async fn a_retry_left_while_a_run_goes_runs_the_parked_input_again_and_a_stray_o
     // Two attempts, parked, retried: two attempts more, one retry between each pair.
     assert_eq!(summary.retries, 2, "{summary:?}");
     assert_eq!(summary.parked.len(), 1, "parked again: {summary:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_in_doubt_answered_by_an_operator_lets_its_parked_input_complete_without_calling_again()
+ {
+    let (payments, base) = crate::in_doubt::payments(1, true).await;
+    let mut toml = crate::in_doubt::pay_agent(&base, "fail", "/charge/status");
+    toml.push_str("\n[retry]\nattempts = 2\ninitial-ms = 1\n");
+    let state = tempfile::tempdir().expect("tempdir");
+    let mut going = Going::start_with(state.path(), &toml);
+    let pay = json!({ "calls": [{ "function": "pay", "args": { "amount": 5 } }] });
+    going.feed("ana", &pay);
+    let at_park = going.checkpoint(|c| parked(c, "ana", 1)).await;
+    let error = &at_park.pending[0].parked.as_ref().expect("parked").error;
+    assert!(error.contains("in doubt"), "{error}");
+
+    let answer = Verb::Resolve {
+        call: 1,
+        action: None,
+        answer: CallAnswer::Result(r#"{"charged": 5}"#.to_owned()),
+    };
+    let wrong = going
+        .commands
+        .submit("ana", None, "carol", answer)
+        .expect("left");
+    let Outcome::Refused { error } = going.outcome(&wrong.id).await.outcome else {
+        panic!("call 1 was never made");
+    };
+    assert!(error.contains("has no call 1 in doubt"), "{error}");
+
+    let answer = Verb::Resolve {
+        call: 0,
+        action: None,
+        answer: CallAnswer::Result(r#"{"charged": 5}"#.to_owned()),
+    };
+    let resolve = going
+        .commands
+        .submit("ana", Some(1), "carol", answer)
+        .expect("left");
+    let done = going.outcome(&resolve.id).await;
+    assert_eq!(done.outcome, Outcome::Applied { sequence: 1 });
+    let (summary, written) = going.end().await;
+    assert_eq!(outputs(&written), [("ana".to_owned(), 1)], "{summary:?}");
+    assert!(
+        written.contains("charged"),
+        "the answer is what the action got: {written}"
+    );
+    assert!(summary.all_completed(), "{summary:?}");
+    assert_eq!(
+        payments.posts.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "the charge was made once, before it was in doubt"
+    );
 }

@@ -299,6 +299,7 @@ impl From<CommandError> for CommandRefused {
         match error {
             CommandError::NotParked { .. } => Self::NotParked(error),
             CommandError::Record { .. } => Self::Record(error),
+            CommandError::Refused { .. } => Self::NotParked(error),
         }
     }
 }
