@@ -388,6 +388,8 @@ impl<F: Front> Keys<F> {
     }
 
     /// Every key with an unfinished input whose head `select` takes, with its first input.
+    /// (`select` sees a park being recorded as parked; the head returned shows it as still
+    /// running until it is recorded.)
     pub fn heads(&self, select: impl Fn(&F::Key, &Head) -> bool) -> Vec<KeyHead<F::Key, F::Extra>> {
         let table = self.shared.lock();
         table
@@ -555,9 +557,19 @@ impl<F: Front> Keys<F> {
 }
 
 fn key_head<K: Clone, X: Clone>(key: &K, state: &KeyState<X>) -> Option<KeyHead<K, X>> {
+    let head = match &state.head {
+        // Its park is being recorded: still its last attempt, until it takes commands.
+        Head::Parked {
+            sequence, attempts, ..
+        } if state.working => Head::Running {
+            sequence: *sequence,
+            attempt: *attempts,
+        },
+        head => head.clone(),
+    };
     Some(KeyHead {
         key: key.clone(),
-        head: state.head.clone(),
+        head,
         first: state.queue.front()?.clone(),
         waiting: state
             .queue
@@ -663,11 +675,16 @@ async fn work<F: Front>(shared: Arc<Shared<F>>, key: F::Key) {
                 attempts: attempt,
                 error: message,
             };
-            // Parked (and so shown, and taking commands) once the front end has recorded
-            // it: a retry recorded before the park would be undone by it at recovery.
+            // Stalled from now on (a front end that waits for its inputs to finish or stall
+            // counts on that once it hears of the park), but shown as parked, and taking
+            // commands, only once the front end has recorded it: a retry recorded before
+            // the park would be undone by it at recovery.
+            set_head(&shared, &key, parked, false);
             let next = Next::Parked { attempts: attempt };
             front.failed(&key, &queued, report, error, next).await;
-            set_head(&shared, &key, parked, true);
+            if let Some(state) = shared.lock().keys.get_mut(&key) {
+                state.working = false;
+            }
             return;
         };
         let mut table = shared.lock();

@@ -671,10 +671,7 @@ impl<S: OutputSink> Run<'_, S> {
             self.record(done).await?;
         }
         for stalled in self.keys.heads(|_, head| head.stalled()) {
-            let behind = match stalled.head {
-                Head::Parked { sequence, .. } | Head::Stopped { sequence, .. } => sequence,
-                _ => continue,
-            };
+            let behind = stalled.first.input.sequence;
             let (Some(&first), Some(&last)) = (stalled.waiting.first(), stalled.waiting.last())
             else {
                 continue;
