@@ -14,6 +14,17 @@ pub enum Answer {
     NotMade,
 }
 
+impl Answer {
+    /// `result`, `error` or `not-made`: what a log line says of it (not its text).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Result(_) => "result",
+            Self::Error(_) => "error",
+            Self::NotMade => "not-made",
+        }
+    }
+}
+
 /// The call an answer was recorded for.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Resolved {

@@ -550,7 +550,7 @@ impl<S: OutputSink> Run<'_, S> {
                     .map_err(|e| e.to_string())?;
                     tracing::warn!(key = %scope.key, sequence, call, action = resolved.action,
                         function = resolved.function, idempotency_key = resolved.idempotency_key,
-                        answer = ?answer, "an operator answered a call in doubt");
+                        answer = answer.kind(), "an operator answered a call in doubt");
                     Ok(())
                 };
                 let retried = self

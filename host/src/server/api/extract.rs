@@ -113,3 +113,12 @@ pub(super) struct SequencePath {
     #[param(minimum = 1, maximum = 9_223_372_036_854_775_807_i64)]
     sequence: u64,
 }
+
+#[derive(Debug, IntoParams)]
+#[into_params(parameter_in = Path)]
+#[allow(dead_code)] // Only its description is used.
+pub(super) struct CallPath {
+    /// The call's index in its action's run, from 0 (a key's history lists them).
+    #[param(minimum = 0, maximum = 4_294_967_295_i64)]
+    call: usize,
+}

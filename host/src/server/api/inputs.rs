@@ -12,10 +12,11 @@ use axum::http::{HeaderMap, StatusCode};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
-use super::extract::{AgentPath, KeyPath, Path, Query, SequencePath, TenantPath};
+use super::extract::{AgentPath, CallPath, KeyPath, Path, Query, SequencePath, TenantPath};
 use super::{
     ApiError, Caller, ErrorBody, MAX_COMMAND_BODY, TenantErrors, caller, open_tenant, read_body,
 };
+use crate::durable::Answer;
 use crate::server::ServerState;
 use crate::server::runtime::{CommandRefused, HeadInput, HistoryEntry, InputStatus, TenantRuntime};
 
@@ -187,6 +188,49 @@ pub(super) struct SkipInput {
 /// The longest reason a skip records, in characters.
 const MAX_REASON: usize = 1000;
 
+/// An operator's answer for a call in doubt: `{"result": <JSON>}` (the call ran and the
+/// remote answered that), `{"error": "..."}` (it ran and failed) or `"not-made"` (it never
+/// reached the remote; the next attempt makes it, under the same idempotency key).
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(untagged)]
+pub(super) enum ResolveCall {
+    Result(RemoteAnswered),
+    Error(RemoteFailed),
+    NotMade(NeverMade),
+}
+
+/// The call ran, and the remote answered `result`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RemoteAnswered {
+    result: serde_json::Value,
+}
+
+/// The call ran, and failed with `error`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RemoteFailed {
+    error: String,
+}
+
+/// The call never reached the remote.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(rename_all = "kebab-case")]
+pub(super) enum NeverMade {
+    NotMade,
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub(super) struct ResolveQuery {
+    /// The action whose call it is, needed when more than one action of the input has
+    /// that call in doubt.
+    action: Option<String>,
+}
+
+/// The largest body of a resolve: the answer of a call (a model's reply) may be long.
+const MAX_RESOLVE_BODY: usize = 1 << 20;
+
 /// What an operator's retry or skip did.
 #[derive(Debug, Serialize, ToSchema)]
 pub(super) struct CommandDone {
@@ -280,6 +324,52 @@ pub(super) async fn skip_input(
     run_command(&tenant, key, by, "skipped", command).await
 }
 
+/// Records what became of a call of a parked input left in doubt (`in-doubt = "fail"`), as
+/// the operator found out: the remote's answer (`result`), its failure (`error`), or that it
+/// never reached the remote (`not-made`: made again under the same idempotency key). Then
+/// the input runs again, and the call is served the answer.
+#[utoipa::path(post, path = "/v1/tenants/{tenant}/agents/{agent}/keys/{key}/inputs/{sequence}/calls/{call}/resolve", tag = "inputs",
+    params(TenantPath, AgentPath, KeyPath, SequencePath, CallPath, ResolveQuery),
+    request_body = ResolveCall,
+    responses(
+        (status = 200, description = "Recorded; the input runs again", body = CommandDone),
+        (status = 400, description = "Not a valid body", body = ErrorBody),
+        (status = 409, description = "`not-parked`: the input is not parked; or `not-in-doubt`: that call is not in doubt (or in doubt in several actions: name one)", body = ErrorBody),
+        (status = 413, description = "`too-large`: a body over 1 MiB", body = ErrorBody),
+        (status = 503, description = "`unavailable`: the tenant's journal failed a write", body = ErrorBody),
+        TenantErrors,
+    ))]
+pub(super) async fn resolve_call(
+    State(state): State<Arc<ServerState>>,
+    Path((tenant, agent, key, sequence, call)): Path<(String, String, String, u64, usize)>,
+    Query(query): Query<ResolveQuery>,
+    headers: HeaderMap,
+    body: axum::body::Body,
+) -> Result<Json<CommandDone>, ApiError> {
+    let by = by(&state, &headers)?;
+    let runtime = open_tenant(&state, &headers, &tenant).await?;
+    let body = read_body(body, MAX_RESOLVE_BODY, "a resolve").await?;
+    let asked: ResolveCall = serde_json::from_slice(&body).map_err(|e| {
+        ApiError::bad_request(format!(
+            "expected {{\"result\": <JSON>}}, {{\"error\": \"...\"}} or \"not-made\": {e}"
+        ))
+    })?;
+    let answer = match asked {
+        ResolveCall::Result(answered) => Answer::Result(answered.result.to_string()),
+        ResolveCall::Error(failed) => Answer::Error(failed.error),
+        ResolveCall::NotMade(NeverMade::NotMade) => Answer::NotMade,
+    };
+    let command = {
+        let (agent, key, by) = (agent.clone(), key.clone(), by.clone());
+        async move {
+            runtime
+                .resolve(&agent, &key, sequence, query.action, call, answer, &by)
+                .await
+        }
+    };
+    run_command(&tenant, key, by, "retried", command).await
+}
+
 /// An operator's command for `tenant`: who makes it, the tenant's runtime, and its body.
 async fn command_request(
     state: &ServerState,
@@ -340,6 +430,9 @@ fn refused(tenant: &str, error: CommandRefused) -> ApiError {
         }
         CommandRefused::NotParked(_) => {
             ApiError::new(StatusCode::CONFLICT, "not-parked", error.to_string())
+        }
+        CommandRefused::NotInDoubt(_) => {
+            ApiError::new(StatusCode::CONFLICT, "not-in-doubt", error.to_string())
         }
         CommandRefused::Record(_) => {
             tracing::error!(tenant, "{error}");

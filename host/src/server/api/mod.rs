@@ -72,6 +72,7 @@ fn routes() -> (Router<Arc<ServerState>>, utoipa::openapi::OpenApi) {
         .routes(routes!(inputs::list_inputs))
         .routes(routes!(inputs::retry_input))
         .routes(routes!(inputs::skip_input))
+        .routes(routes!(inputs::resolve_call))
         .split_for_parts()
 }
 

@@ -28,6 +28,7 @@ use super::journal::{
 };
 use super::quota::{PerMinute, QuotaExceeded};
 use crate::checkpoint;
+use crate::durable::{self, Answer};
 use crate::event::{Input, OutputId, OutputRecord};
 use crate::keys::{CommandError, Head, Keys, Queued};
 use crate::log::{FileLog, FileLogOptions, Log, LogError, Recovery};
@@ -290,6 +291,10 @@ pub enum CommandRefused {
     },
     #[error("{0}")]
     NotParked(CommandError),
+    /// The answer for a call was refused: the call is not in doubt, or not only in one
+    /// action, or the result is not JSON.
+    #[error("{0}")]
+    NotInDoubt(CommandError),
     #[error("{0}")]
     Record(CommandError),
 }
@@ -299,7 +304,7 @@ impl From<CommandError> for CommandRefused {
         match error {
             CommandError::NotParked { .. } => Self::NotParked(error),
             CommandError::Record { .. } => Self::Record(error),
-            CommandError::Refused { .. } => Self::NotParked(error),
+            CommandError::Refused { .. } => Self::NotInDoubt(error),
         }
     }
 }
@@ -383,7 +388,7 @@ impl TenantRuntime {
             sandbox: Arc::new(sandbox.with_cache_dir(compiled)),
             store: Arc::clone(&store) as Arc<dyn ActionStateStore>,
             policy: policy.clone(),
-            budget: Arc::clone(&budget) as Arc<dyn crate::durable::CallBudget>,
+            budget: Arc::clone(&budget) as Arc<dyn durable::CallBudget>,
         };
         let agents = builder.load_all(&dir).map_err(|error| OpenError::Agents {
             tenant: name.to_owned(),
@@ -963,6 +968,41 @@ impl TenantRuntime {
             })
             .await?;
         Ok(retried)
+    }
+
+    /// Records `answer` for call `call` of `key`'s parked input `sequence` (of `action`,
+    /// when more than one of its actions has that call in doubt), then runs the input
+    /// again; `by` is recorded with the retry and logged with the answer.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn resolve(
+        &self,
+        agent: &str,
+        key: &str,
+        sequence: u64,
+        action: Option<String>,
+        call: usize,
+        answer: Answer,
+        by: &str,
+    ) -> Result<u64, CommandRefused> {
+        let id = self.command_key(agent, key)?;
+        let store = Arc::clone(&self.tenant.store);
+        let scope = KeyScope::new(&self.tenant.name, agent, key);
+        let who = by.to_owned();
+        let resolve = |_: Queued<Entry>| async move {
+            let resolved =
+                durable::resolve(&*store, &scope, sequence, action.as_deref(), call, &answer)
+                    .await
+                    .map_err(|e| e.to_string())?;
+            tracing::warn!(tenant = %scope.tenant, agent = %scope.agent, key = %scope.key,
+                sequence, call, action = resolved.action, function = resolved.function,
+                idempotency_key = resolved.idempotency_key, by = who, answer = answer.kind(),
+                "an operator answered a call in doubt");
+            Ok(())
+        };
+        Ok(self
+            .keys
+            .retry_after(&id, Some(sequence), by, resolve)
+            .await?)
     }
 
     /// Skips `key`'s parked input (`sequence`, when given, must be it): its key's next

@@ -490,3 +490,61 @@ async fn a_parked_input_stays_parked_across_a_restart_and_retried_on_a_newer_ver
     let outputs = server.wait_outputs("acme", &acme, 3).await;
     assert_eq!(outputs.len(), 3, "{outputs:?}");
 }
+
+#[tokio::test]
+async fn a_call_in_doubt_is_answered_by_an_operator_and_served_without_calling_again() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // Slower than the function waits: the call times out, in doubt, and the input parks.
+    let (addr, endpoint) = super::Endpoint::start(Duration::from_secs(30), "").await;
+    let server = Server::start(
+        dir.path(),
+        &format!("[tenants.acme]\nallow-hosts = [\"{addr}\"]\n"),
+    )
+    .await;
+    let acme = server.tenant("acme").await;
+    let slow = format!(
+        "[functions.slow]\nkind = \"http\"\nurl = \"http://{addr}/\"\ntimeout-ms = 200\n\
+         retries = 0\nin-doubt = \"fail\"\n"
+    );
+    server.deploy("acme", &acme, "bot", "caller", &slow).await;
+    let (status, body) = server
+        .submit("acme", &acme, "bot", "e1", "k", super::one_call("slow"))
+        .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    let history = server.settled_history("acme", &acme, "bot", "k").await;
+    assert_eq!(statuses(&history), ["parked"], "{history}");
+
+    let answer = json!({ "result": { "n": 42 } });
+    let (status, body) = server
+        .resolve("acme", &acme, "bot", "k", 1, 1, answer.clone())
+        .await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (StatusCode::CONFLICT, Some("not-in-doubt")),
+        "{body}"
+    );
+    assert!(
+        body["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("no call 1 in doubt (in doubt: `work` call 0)")),
+        "{body}"
+    );
+    let two = json!({ "result": 1, "error": "and failed" });
+    let (status, body) = server.resolve("acme", &acme, "bot", "k", 1, 0, two).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+
+    let (status, body) = server
+        .resolve("acme", &acme, "bot", "k", 1, 0, answer)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let outputs = server.wait_outputs("acme", &acme, 1).await;
+    let results = &outputs[0]["payload"]["results"];
+    assert_eq!(results[0]["ok"]["n"], 42, "the answer is served: {results}");
+    assert_eq!(
+        endpoint.count(),
+        1,
+        "the call was made once, before it was in doubt"
+    );
+    let history = server.settled_history("acme", &acme, "bot", "k").await;
+    assert_eq!(statuses(&history), ["done"], "{history}");
+}

@@ -204,6 +204,23 @@ impl Server {
         self.command(token, &path, body).await
     }
 
+    /// Answers call `call` of the key's parked input `sequence` with `body`.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn resolve(
+        &self,
+        tenant: &str,
+        token: &str,
+        agent: &str,
+        key: &str,
+        sequence: u64,
+        call: usize,
+        body: Value,
+    ) -> (StatusCode, Value) {
+        let path =
+            format!("{tenant}/agents/{agent}/keys/{key}/inputs/{sequence}/calls/{call}/resolve");
+        self.command(token, &path, Some(body)).await
+    }
+
     /// POSTs an operator's command to `/v1/tenants/{path}`.
     async fn command(&self, token: &str, path: &str, body: Option<Value>) -> (StatusCode, Value) {
         let request = self.client.post(self.url(&format!("/v1/tenants/{path}")));

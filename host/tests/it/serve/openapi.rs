@@ -9,9 +9,19 @@ use crate::support::guest;
 #[tokio::test]
 async fn every_route_in_the_openapi_document_answers_as_it_documents() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let server = Server::start(dir.path(), "").await;
+    // A function slower than it waits: a call to it is left in doubt, to resolve.
+    let (addr, _slow) = super::Endpoint::start(std::time::Duration::from_secs(30), "").await;
+    let server = Server::start(
+        dir.path(),
+        &format!("[tenants.acme]\nallow-hosts = [\"{addr}\"]\n"),
+    )
+    .await;
     let acme = server.tenant("acme").await;
-    server.deploy("acme", &acme, "bot", "caller", "").await;
+    let slow = format!(
+        "[functions.slow]\nkind = \"http\"\nurl = \"http://{addr}/\"\ntimeout-ms = 100\n\
+         retries = 0\nin-doubt = \"fail\"\n"
+    );
+    server.deploy("acme", &acme, "bot", "caller", &slow).await;
     let (status, _) = server
         .submit("acme", &acme, "bot", "e0", "k", json!(null))
         .await;
@@ -24,6 +34,12 @@ async fn every_route_in_the_openapi_document_answers_as_it_documents() {
         assert_eq!(status, StatusCode::ACCEPTED);
         server.settled_history("acme", &acme, "bot", key).await;
     }
+    // A parked input whose call is in doubt, to resolve (key v).
+    let (status, _) = server
+        .submit("acme", &acme, "bot", "v", "v", super::one_call("slow"))
+        .await;
+    assert_eq!(status, StatusCode::ACCEPTED);
+    server.settled_history("acme", &acme, "bot", "v").await;
     // A token to revoke.
     let (status, spare) = super::send(
         server.client.post(server.url("/v1/tenants/acme/tokens")),
@@ -55,6 +71,7 @@ async fn every_route_in_the_openapi_document_answers_as_it_documents() {
             .replace("{agent}", "bot")
             .replace("{key}", command_key(path))
             .replace("{sequence}", "1")
+            .replace("{call}", "0")
             .replace("{id}", &spare);
         for (method, operation) in item.as_object().expect("a path item") {
             let Ok(method) = method.to_uppercase().parse::<Method>() else {
@@ -76,6 +93,10 @@ async fn every_route_in_the_openapi_document_answers_as_it_documents() {
                     acme.as_str(),
                 ),
                 ("POST", path) if path.ends_with("/retry") => (request, acme.as_str()),
+                ("POST", path) if path.ends_with("/resolve") => (
+                    request.json(&json!({ "result": { "n": 1 } })),
+                    acme.as_str(),
+                ),
                 ("POST", _) => (
                     request.json(&json!({ "id": "e1", "key": "k", "payload": null })),
                     acme.as_str(),
@@ -103,15 +124,18 @@ async fn every_route_in_the_openapi_document_answers_as_it_documents() {
             exercised += 1;
         }
     }
-    assert_eq!(exercised, 17, "every route of the API is in the document");
+    assert_eq!(exercised, 18, "every route of the API is in the document");
 }
 
-/// The key a route's `{key}` stands for: one with a parked input for a retry or a skip.
+/// The key a route's `{key}` stands for: one with a parked input for a retry, a skip or a
+/// resolve.
 fn command_key(path: &str) -> &'static str {
     if path.ends_with("/retry") {
         "r"
     } else if path.ends_with("/skip") {
         "s"
+    } else if path.ends_with("/resolve") {
+        "v"
     } else {
         "k"
     }
