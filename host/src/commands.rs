@@ -102,7 +102,10 @@ pub enum Outcome {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub struct Done {
-    pub command: Command,
+    pub id: String,
+    /// `None` for a file that was not a command this build reads (refused, saying why).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub command: Option<Command>,
     #[serde(flatten)]
     pub outcome: Outcome,
     /// When it was done, in milliseconds since the epoch.
@@ -214,18 +217,10 @@ impl CommandDir {
                 Ok(command) => commands.push(command),
                 Err(error) => {
                     tracing::warn!(path = %path.display(), "refusing a command: {error}");
-                    let command = Command {
-                        format: FORMAT,
-                        id,
-                        key: String::new(),
-                        sequence: None,
-                        by: String::new(),
-                        verb: Verb::Retry,
-                    };
                     let refused = Outcome::Refused {
                         error: error.to_string(),
                     };
-                    self.finish_now(&command, &refused)?;
+                    self.move_done(&id, None, &refused)?;
                 }
             }
         }
@@ -234,17 +229,27 @@ impl CommandDir {
 
     /// Moves `command` to the done ones with `outcome`.
     pub fn finish_now(&self, command: &Command, outcome: &Outcome) -> Result<(), CommandsError> {
+        self.move_done(&command.id, Some(command), outcome)
+    }
+
+    /// Writes the done file of `id`, then removes its pending one.
+    fn move_done(
+        &self,
+        id: &str,
+        command: Option<&Command>,
+        outcome: &Outcome,
+    ) -> Result<(), CommandsError> {
         let done = Done {
-            command: command.clone(),
+            id: id.to_owned(),
+            command: command.cloned(),
             outcome: outcome.clone(),
             at_ms: now_ms(),
         };
         let bytes =
             serde_json::to_vec_pretty(&done).map_err(|e| invalid("a command", &e.to_string()))?;
-        let done_dir = self.done_dir();
-        let path = done_dir.join(format!("{}.json", command.id));
+        let path = self.done_dir().join(format!("{id}.json"));
         private::write(&path, &bytes).map_err(io(&path))?;
-        let pending = self.dir.join(format!("{}.json", command.id));
+        let pending = self.dir.join(format!("{id}.json"));
         match std::fs::remove_file(&pending) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -399,7 +404,7 @@ mod tests {
         commands.finish_now(&first, &outcome).expect("finished");
         assert_eq!(commands.pending_now().expect("read"), [second]);
         let done = commands.outcome(&first.id).expect("read").expect("done");
-        assert_eq!((done.command, done.outcome), (first, outcome));
+        assert_eq!((done.command, done.outcome), (Some(first), outcome));
     }
 
     #[test]

@@ -151,11 +151,11 @@ pub async fn inspect(args: InspectArgs) -> anyhow::Result<ExitCode> {
                 Outcome::Applied { sequence } => format!("done (#{sequence})"),
                 Outcome::Refused { error } => format!("refused: {error}"),
             };
-            println!(
-                "command {}: {}: {outcome}",
-                done.command.id,
-                super::operator::describe(&done.command)
-            );
+            let what = done
+                .command
+                .as_ref()
+                .map_or_else(|| "not a command".to_owned(), super::operator::describe);
+            println!("command {}: {what}: {outcome}", done.id);
         }
     }
     let mut by_key: BTreeMap<String, Vec<ActionState>> = BTreeMap::new();

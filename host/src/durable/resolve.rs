@@ -68,7 +68,7 @@ fn in_doubt(found: &[String]) -> String {
 /// Records `answer` for call `call` of input `sequence` of `scope` (of `action`, which may
 /// be left out when one action has that call in doubt), which must be in doubt: a
 /// `pending` record. Its input must not be running (its key's input is parked). An answer
-/// recorded already is not recorded again.
+/// recorded already is not recorded again. Logged at WARN with who answered (`by`).
 pub async fn resolve(
     store: &dyn ActionStateStore,
     scope: &KeyScope,
@@ -76,6 +76,7 @@ pub async fn resolve(
     action: Option<&str>,
     call: usize,
     answer: &Answer,
+    by: &str,
 ) -> Result<Resolved, ResolveError> {
     if let Answer::Result(json) = answer {
         serde_json::from_str::<serde_json::Value>(json)
@@ -98,10 +99,10 @@ pub async fn resolve(
     };
     // Recorded by an earlier resolution that was not said to be done (a crash between).
     if let Some(outcome) = &outcome
-        && let Some((state, record)) = states
-            .iter()
-            .find_map(|s| Some((s, s.calls.get(call)?)))
-            .filter(|(_, record)| record.outcome == *outcome)
+        && let Some((state, record)) = states.iter().find_map(|s| {
+            let record = s.calls.get(call).filter(|r| r.outcome == *outcome)?;
+            Some((s, record))
+        })
     {
         return Ok(resolved(state, record));
     }
@@ -151,5 +152,9 @@ pub async fn resolve(
         None => state.calls.truncate(call),
     }
     store.put(&state).await?;
+    tracing::warn!(tenant = %scope.tenant, agent = %scope.agent, key = %scope.key, sequence,
+        call, action = done.action, function = done.function,
+        idempotency_key = done.idempotency_key, by, answer = answer.kind(),
+        "an operator answered a call in doubt");
     Ok(done)
 }

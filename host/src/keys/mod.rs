@@ -198,7 +198,8 @@ struct KeyState<X> {
     /// is first.
     queue: VecDeque<Queued<X>>,
     head: Head,
-    /// A worker task drives the key (or, the key just parked, records the park).
+    /// A worker task drives the key (or, the key just parked, records the park; or an
+    /// operator's command holds its parked input).
     working: bool,
 }
 
@@ -236,7 +237,7 @@ impl<K: KeyId, X> Table<K, X> {
     }
 
     /// `key`'s parked input (`sequence`, when given, must be it), once its park is
-    /// recorded.
+    /// recorded and while no other command holds it.
     fn parked(&self, key: &K, sequence: Option<u64>) -> Result<&Queued<X>, CommandError> {
         self.keys
             .get(key)
@@ -251,13 +252,6 @@ impl<K: KeyId, X> Table<K, X> {
                 key: key.to_string(),
                 sequence,
             })
-    }
-
-    /// Whether `key`'s first input is still the parked `sequence`.
-    fn still_parked(&self, key: &K, sequence: u64) -> bool {
-        self.keys.get(key).is_some_and(
-            |state| matches!(state.head, Head::Parked { sequence: s, .. } if s == sequence),
-        )
     }
 }
 
@@ -416,38 +410,8 @@ impl<F: Front> Keys<F> {
         by: &str,
         change: impl FnOnce(&mut Queued<F::Extra>) + Send,
     ) -> Result<u64, CommandError> {
-        let mut parked = self.shared.lock().parked(key, sequence)?.clone();
-        let retried = parked.input.sequence;
-        change(&mut parked);
-        self.shared
-            .front
-            .retried(key, &parked, by)
+        self.run_again(key, sequence, by, change, |_| async { Ok(()) })
             .await
-            .map_err(|error| CommandError::Record {
-                what: "retry",
-                key: key.to_string(),
-                sequence: retried,
-                error,
-            })?;
-        tracing::warn!(key = %key, sequence = retried, by, "an operator retries the parked input");
-        let start = {
-            let mut table = self.shared.lock();
-            if !table.still_parked(key, retried) {
-                return Ok(retried);
-            }
-            table.set_head(key, Head::Idle);
-            let Some(state) = table.keys.get_mut(key) else {
-                return Ok(retried);
-            };
-            if let Some(first) = state.queue.front_mut() {
-                *first = parked;
-            }
-            !std::mem::replace(&mut state.working, true)
-        };
-        if start {
-            self.spawn(key.clone());
-        }
-        Ok(retried)
     }
 
     /// Runs `key`'s parked input again (`sequence`, when given, must be it) after `first`
@@ -464,27 +428,29 @@ impl<F: Front> Keys<F> {
     where
         Fut: Future<Output = Result<(), String>> + Send,
     {
-        // Taken: the key's worker flag held keeps other commands off it meanwhile.
-        let parked = {
-            let mut table = self.shared.lock();
-            let parked = table.parked(key, sequence)?.clone();
-            if let Some(state) = table.keys.get_mut(key) {
-                state.working = true;
-            }
-            parked
-        };
+        self.run_again(key, sequence, by, |_| {}, first).await
+    }
+
+    async fn run_again<Fut>(
+        &self,
+        key: &F::Key,
+        sequence: Option<u64>,
+        by: &str,
+        change: impl FnOnce(&mut Queued<F::Extra>) + Send,
+        first: impl FnOnce(Queued<F::Extra>) -> Fut + Send,
+    ) -> Result<u64, CommandError>
+    where
+        Fut: Future<Output = Result<(), String>> + Send,
+    {
+        let (mut parked, _) = self.claim(key, sequence)?;
         let retried = parked.input.sequence;
-        let release = |this: &Self| {
-            if let Some(state) = this.shared.lock().keys.get_mut(key) {
-                state.working = false;
-            }
-        };
         if let Err(error) = first(parked.clone()).await {
-            release(self);
+            self.release(key);
             return Err(CommandError::Refused { error });
         }
+        change(&mut parked);
         if let Err(error) = self.shared.front.retried(key, &parked, by).await {
-            release(self);
+            self.release(key);
             return Err(CommandError::Record {
                 what: "retry",
                 key: key.to_string(),
@@ -493,7 +459,14 @@ impl<F: Front> Keys<F> {
             });
         }
         tracing::warn!(key = %key, sequence = retried, by, "an operator retries the parked input");
-        self.shared.lock().set_head(key, Head::Idle);
+        {
+            let mut table = self.shared.lock();
+            table.set_head(key, Head::Idle);
+            if let Some(first) = table.keys.get_mut(key).and_then(|s| s.queue.front_mut()) {
+                *first = parked;
+            }
+        }
+        // The claim is the worker's now.
         self.spawn(key.clone());
         Ok(retried)
     }
@@ -507,44 +480,60 @@ impl<F: Front> Keys<F> {
         by: &str,
         why: &str,
     ) -> Result<u64, CommandError> {
-        let (parked, memory) = {
-            let table = self.shared.lock();
-            let parked = table.parked(key, sequence)?.clone();
-            let memory = table
-                .keys
-                .get(key)
-                .map(|state| Arc::clone(&state.memory))
-                .unwrap_or_default();
-            (parked, memory)
-        };
+        let (parked, memory) = self.claim(key, sequence)?;
         let skipped = parked.input.sequence;
-        self.shared
-            .front
-            .skipped(key, &parked, &memory, by, why)
-            .await
-            .map_err(|error| CommandError::Record {
+        let recorded = self.shared.front.skipped(key, &parked, &memory, by, why);
+        if let Err(error) = recorded.await {
+            self.release(key);
+            return Err(CommandError::Record {
                 what: "skip",
                 key: key.to_string(),
                 sequence: skipped,
                 error,
-            })?;
+            });
+        }
         tracing::warn!(key = %key, sequence = skipped, by, why, "an operator skipped the parked input");
-        let start = {
+        let more = {
             let mut table = self.shared.lock();
-            if !table.still_parked(key, skipped) {
-                return Ok(skipped);
-            }
             table.set_head(key, Head::Idle);
-            let Some(state) = table.keys.get_mut(key) else {
-                return Ok(skipped);
-            };
-            state.queue.pop_front();
-            !state.queue.is_empty() && !std::mem::replace(&mut state.working, true)
+            table.keys.get_mut(key).is_some_and(|state| {
+                state.queue.pop_front();
+                state.working = !state.queue.is_empty();
+                state.working
+            })
         };
-        if start {
+        if more {
             self.spawn(key.clone());
         }
         Ok(skipped)
+    }
+
+    /// Takes `key`'s parked input (`sequence`, when given, must be it), with the key's
+    /// memory, for one operator's command: the key's worker flag, held until the command
+    /// ends, refuses every other command meanwhile (of two at once, one records).
+    fn claim(
+        &self,
+        key: &F::Key,
+        sequence: Option<u64>,
+    ) -> Result<(Queued<F::Extra>, Memory), CommandError> {
+        let mut table = self.shared.lock();
+        let parked = table.parked(key, sequence)?.clone();
+        let state = table
+            .keys
+            .get_mut(key)
+            .ok_or_else(|| CommandError::NotParked {
+                key: key.to_string(),
+                sequence,
+            })?;
+        state.working = true;
+        Ok((parked, Arc::clone(&state.memory)))
+    }
+
+    /// Lets go of a command's claim: the input stays parked as it was.
+    fn release(&self, key: &F::Key) {
+        if let Some(state) = self.shared.lock().keys.get_mut(key) {
+            state.working = false;
+        }
     }
 
     fn spawn(&self, key: F::Key) {

@@ -536,22 +536,14 @@ impl<S: OutputSink> Run<'_, S> {
                     CallAnswer::NotMade => Answer::NotMade,
                 };
                 let (call, action) = (*call, action.clone());
+                let by = command.by.clone();
                 let resolve = |queued: Queued<()>| async move {
                     let sequence = queued.input.sequence;
-                    let resolved = durable::resolve(
-                        &*store,
-                        &scope,
-                        sequence,
-                        action.as_deref(),
-                        call,
-                        &answer,
-                    )
-                    .await
-                    .map_err(|e| e.to_string())?;
-                    tracing::warn!(key = %scope.key, sequence, call, action = resolved.action,
-                        function = resolved.function, idempotency_key = resolved.idempotency_key,
-                        answer = answer.kind(), "an operator answered a call in doubt");
-                    Ok(())
+                    let action = action.as_deref();
+                    durable::resolve(&*store, &scope, sequence, action, call, &answer, &by)
+                        .await
+                        .map(drop)
+                        .map_err(|e| e.to_string())
                 };
                 let retried = self
                     .keys

@@ -376,7 +376,7 @@ async fn an_operators_answer_for_a_call_in_doubt_is_served_and_the_call_never_ma
     let (agent, store) =
         first_run_loses_the_answer(&pay_agent(&base, "fail", "/charge/status")).await;
     let scope = KeyScope::new("default", "test", "ana");
-    let error = resolve(&*store, &scope, 1, None, 3, &Answer::NotMade)
+    let error = resolve(&*store, &scope, 1, None, 3, &Answer::NotMade, "carol")
         .await
         .expect_err("call 3 was never made")
         .to_string();
@@ -384,21 +384,29 @@ async fn an_operators_answer_for_a_call_in_doubt_is_served_and_the_call_never_ma
         error.contains("has no call 3 in doubt (in doubt: `work` call 0)"),
         "{error}"
     );
-    let error = resolve(&*store, &scope, 1, None, 0, &Answer::Result("{".to_owned()))
-        .await
-        .expect_err("not JSON")
-        .to_string();
+    let error = resolve(
+        &*store,
+        &scope,
+        1,
+        None,
+        0,
+        &Answer::Result("{".to_owned()),
+        "carol",
+    )
+    .await
+    .expect_err("not JSON")
+    .to_string();
     assert!(error.contains("the result is not JSON"), "{error}");
 
     let answer = Answer::Result(r#"{"charged": 5}"#.to_owned());
-    let resolved = resolve(&*store, &scope, 1, None, 0, &answer)
+    let resolved = resolve(&*store, &scope, 1, None, 0, &answer, "carol")
         .await
         .expect("resolved");
     assert_eq!(
         (resolved.action.as_str(), resolved.function.as_str()),
         ("work", "pay")
     );
-    let again = resolve(&*store, &scope, 1, None, 0, &answer).await;
+    let again = resolve(&*store, &scope, 1, None, 0, &answer, "carol").await;
     assert_eq!(again.expect("the same answer again").function, "pay");
 
     let report = agent.process(&pay_input(), &Default::default()).await;
@@ -428,7 +436,7 @@ async fn a_call_in_doubt_answered_as_never_made_is_made_again_under_its_key() {
         .map(|c| c.idempotency_key)
         .next()
         .expect("a pending record");
-    let resolved = resolve(&*store, &scope, 1, None, 0, &Answer::NotMade)
+    let resolved = resolve(&*store, &scope, 1, None, 0, &Answer::NotMade, "carol")
         .await
         .expect("resolved");
     assert_eq!(resolved.idempotency_key, key);

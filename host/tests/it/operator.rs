@@ -19,7 +19,14 @@ use crate::support::{agent_toml, agent_with, memory_store};
 const PATIENCE: Duration = Duration::from_secs(120);
 
 /// A run of an agent whose inputs fail on `{"fail": ...}` (2 attempts), fed line by line
-/// from the test, with checkpoints every 20 ms and the commands of `state`.
+/// from the test, with the commands of `state`; checkpoints every 20 ms, or (`Untimed`)
+/// only at each input accepted and when a command asks for one.
+#[derive(Clone, Copy)]
+enum Cadence {
+    Timed,
+    Untimed,
+}
+
 struct Going {
     lines: mpsc::UnboundedSender<Result<InputLine, LineError>>,
     fed: usize,
@@ -29,12 +36,12 @@ struct Going {
 }
 
 impl Going {
-    fn start(state: &std::path::Path) -> Self {
+    fn start(state: &std::path::Path, checkpoints: Cadence) -> Self {
         let toml = agent_toml("caller", "", "[retry]\nattempts = 2\ninitial-ms = 1\n");
-        Self::start_with(state, &toml)
+        Self::start_with(state, &toml, checkpoints)
     }
 
-    fn start_with(state: &std::path::Path, toml: &str) -> Self {
+    fn start_with(state: &std::path::Path, toml: &str, cadence: Cadence) -> Self {
         let agent = Arc::new(agent_with(toml, memory_store(), &[]));
         let checkpoints = Arc::new(FileCheckpoints::new(state.join("checkpoints")));
         let commands = CommandDir::of(state);
@@ -48,6 +55,7 @@ impl Going {
             stream,
             Arc::clone(&checkpoints),
             commands.clone(),
+            cadence,
         ));
         Self {
             lines,
@@ -108,11 +116,16 @@ async fn run(
     lines: futures_util::stream::BoxStream<'static, Result<InputLine, LineError>>,
     checkpoints: Arc<FileCheckpoints>,
     commands: CommandDir,
+    cadence: Cadence,
 ) -> (Summary, String) {
+    let (every_inputs, every) = match cadence {
+        Cadence::Timed => (None, Some(Duration::from_millis(20))),
+        Cadence::Untimed => (Some(1), None),
+    };
     let checkpointing = Checkpointing {
         store: checkpoints,
-        every_inputs: None,
-        every: Some(Duration::from_millis(20)),
+        every_inputs,
+        every,
         keep: 3,
         retention: Vec::new(),
     };
@@ -154,11 +167,27 @@ fn outputs(written: &str) -> Vec<(String, u64)> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_skip_left_while_a_run_goes_is_checkpointed_then_done_and_the_key_goes_on() {
     let state = tempfile::tempdir().expect("tempdir");
-    let mut going = Going::start(state.path());
+    // Checkpoints come only with inputs and commands: the one that holds the skip can only
+    // be the skip's own.
+    let mut going = Going::start(state.path(), Cadence::Untimed);
     going.feed("k", &json!({ "fail": "the payload is bad" }));
     going.feed("k", &json!({}));
-    let at_park = going.checkpoint(|c| parked(c, "k", 1)).await;
-    let pending: Vec<u64> = at_park.pending.iter().map(|p| p.sequence).collect();
+    let started = Instant::now();
+    let at_park = loop {
+        going.feed("tick", &json!({}));
+        let latest = going.checkpoint(|_| true).await;
+        if parked(&latest, "k", 1) {
+            break latest;
+        }
+        assert!(started.elapsed() < PATIENCE, "k #1 was not parked");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let pending: Vec<u64> = at_park
+        .pending
+        .iter()
+        .filter(|p| p.key == "k")
+        .map(|p| p.sequence)
+        .collect();
     assert_eq!(pending, [1, 2], "the input behind the parked one waits");
     let error = &at_park.pending[0].parked.as_ref().expect("parked").error;
     assert!(error.contains("the payload is bad"), "{error}");
@@ -178,7 +207,12 @@ async fn a_skip_left_while_a_run_goes_is_checkpointed_then_done_and_the_key_goes
     let done = going.outcome(&skip.id).await;
     assert_eq!(done.outcome, Outcome::Applied { sequence: 1 });
     // Done only once a checkpoint holds the skip: a crash now does not undo it.
-    let latest = going.checkpoint(|_| true).await;
+    let latest = going
+        .checkpoints
+        .latest()
+        .await
+        .expect("read")
+        .expect("one");
     let skipped: Vec<_> = latest
         .skipped
         .iter()
@@ -188,20 +222,19 @@ async fn a_skip_left_while_a_run_goes_is_checkpointed_then_done_and_the_key_goes
     assert!(latest.pending.iter().all(|p| p.sequence != 1), "{latest:?}");
 
     let (summary, written) = going.end().await;
-    assert_eq!(
-        outputs(&written),
-        [("k".to_owned(), 2)],
-        "#2 ran once, #1 never"
-    );
+    let of_k: Vec<_> = outputs(&written)
+        .into_iter()
+        .filter(|(key, _)| key == "k")
+        .collect();
+    assert_eq!(of_k, [("k".to_owned(), 2)], "#2 ran once, #1 never");
     assert!(summary.parked.is_empty(), "{summary:?}");
-    assert_eq!(summary.completed, 1, "{summary:?}");
     assert!(summary.all_completed(), "{summary:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retry_left_while_a_run_goes_runs_the_parked_input_again_and_a_stray_one_is_refused() {
     let state = tempfile::tempdir().expect("tempdir");
-    let mut going = Going::start(state.path());
+    let mut going = Going::start(state.path(), Cadence::Timed);
     going.feed("k", &json!({ "fail": "still failing" }));
     going.checkpoint(|c| parked(c, "k", 1)).await;
 
@@ -235,7 +268,7 @@ async fn a_call_in_doubt_answered_by_an_operator_lets_its_parked_input_complete_
     let mut toml = crate::in_doubt::pay_agent(&base, "fail", "/charge/status");
     toml.push_str("\n[retry]\nattempts = 2\ninitial-ms = 1\n");
     let state = tempfile::tempdir().expect("tempdir");
-    let mut going = Going::start_with(state.path(), &toml);
+    let mut going = Going::start_with(state.path(), &toml, Cadence::Timed);
     let pay = json!({ "calls": [{ "function": "pay", "args": { "amount": 5 } }] });
     going.feed("ana", &pay);
     let at_park = going.checkpoint(|c| parked(c, "ana", 1)).await;

@@ -989,15 +989,11 @@ impl TenantRuntime {
         let scope = KeyScope::new(&self.tenant.name, agent, key);
         let who = by.to_owned();
         let resolve = |_: Queued<Entry>| async move {
-            let resolved =
-                durable::resolve(&*store, &scope, sequence, action.as_deref(), call, &answer)
-                    .await
-                    .map_err(|e| e.to_string())?;
-            tracing::warn!(tenant = %scope.tenant, agent = %scope.agent, key = %scope.key,
-                sequence, call, action = resolved.action, function = resolved.function,
-                idempotency_key = resolved.idempotency_key, by = who, answer = answer.kind(),
-                "an operator answered a call in doubt");
-            Ok(())
+            let action = action.as_deref();
+            durable::resolve(&*store, &scope, sequence, action, call, &answer, &who)
+                .await
+                .map(drop)
+                .map_err(|e| e.to_string())
         };
         Ok(self
             .keys

@@ -548,3 +548,41 @@ async fn a_call_in_doubt_is_answered_by_an_operator_and_served_without_calling_a
     let history = server.settled_history("acme", &acme, "bot", "k").await;
     assert_eq!(statuses(&history), ["done"], "{history}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn of_commands_sent_at_once_to_one_parked_input_one_is_carried_out() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = Server::start(dir.path(), "").await;
+    let acme = server.tenant("acme").await;
+    server.deploy("acme", &acme, "bot", "caller", "").await;
+    let failing = json!({ "fail": "on purpose" });
+    let (status, body) = server
+        .submit("acme", &acme, "bot", "e1", "k", failing)
+        .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    server.settled_history("acme", &acme, "bot", "k").await;
+
+    // Skips and retries at once: each records itself in the journal, so two carried out
+    // would leave a skip and a retry of one input there.
+    let commands = (0..8).map(|n| {
+        let server = &server;
+        let acme = &acme;
+        async move {
+            if n % 2 == 0 {
+                server.skip("acme", acme, "bot", "k", 1, "at once").await
+            } else {
+                server.retry("acme", acme, "bot", "k", 1, None).await
+            }
+        }
+    });
+    let answers = futures_util::future::join_all(commands).await;
+    let codes: Vec<StatusCode> = answers.iter().map(|(code, _)| *code).collect();
+    let done = codes.iter().filter(|c| **c == StatusCode::OK).count();
+    assert_eq!(done, 1, "{answers:?}");
+    assert!(
+        answers
+            .iter()
+            .all(|(code, body)| *code == StatusCode::OK || body["code"] == "not-parked"),
+        "{answers:?}"
+    );
+}
