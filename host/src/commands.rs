@@ -1,6 +1,7 @@
 //! Operator commands on a state that a process may be running: retry or skip a parked
-//! input, or answer a call of it left in doubt and retry it. A command is left where the process that holds the state (or, when none does,
-//! the next one to open it) finds it, carries it out, and records its outcome.
+//! input, answer a call of it left in doubt and retry it, or cancel an input. A command is
+//! left where the process that holds the state (or, when none does, the next one to open
+//! it) finds it, carries it out, and records its outcome.
 //!
 //! In a state directory (`rewind run --state DIR`):
 //!
@@ -11,7 +12,7 @@
 //!
 //! IDs sort in the order the commands were left (milliseconds since the epoch, then random
 //! digits), and commands are carried out in that order. A command's effect is recorded in
-//! its state (a skip in the next checkpoint) before it moves to `done/`, so a crash between
+//! its state (a skip or cancel in the next checkpoint) before it moves to `done/`, so a crash between
 //! the two carries it out again, and finds it done.
 
 use std::path::{Path, PathBuf};
@@ -40,6 +41,12 @@ pub enum Verb {
     Retry,
     /// Finish it without running it; the key's next input runs.
     Skip { reason: String },
+    /// Stop it (running, retrying or parked) at its next durable call, which is not made,
+    /// and finish it; the key's next input runs.
+    Cancel {
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        reason: String,
+    },
     /// Record what became of its call `call` (of `action`, when more than one has that
     /// call in doubt), then retry it.
     Resolve {
@@ -67,6 +74,7 @@ impl Verb {
         match self {
             Self::Retry => "retry",
             Self::Skip { .. } => "skip",
+            Self::Cancel { .. } => "cancel",
             Self::Resolve { .. } => "resolve",
         }
     }
@@ -173,7 +181,7 @@ impl CommandDir {
         if key.is_empty() {
             return Err(invalid("the key", "is empty"));
         }
-        if let Verb::Skip { reason } = &verb
+        if let Verb::Skip { reason } | Verb::Cancel { reason } = &verb
             && reason.len() > MAX_REASON_BYTES
         {
             return Err(invalid(

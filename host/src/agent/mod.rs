@@ -10,6 +10,8 @@ mod task;
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 
+use tokio_util::sync::CancellationToken;
+
 pub use build::{AgentBuilder, BuildError, Secrets};
 pub use config::{
     ActionConfig, AgentConfig, AgentFile, ConfigError, DEFAULT_PARALLELISM, FunctionConfig,
@@ -187,6 +189,18 @@ impl Agent {
     /// Callers keep inputs of one key in order and one at a time, each given the memory
     /// the one before left.
     pub async fn process(&self, input: &Input, memory: &Memory) -> InputReport {
+        self.process_until(input, memory, &CancellationToken::new())
+            .await
+    }
+
+    /// [`process`](Self::process), stopped at the next durable call once `cancel` is
+    /// cancelled (the input then fails with [`Fault::Cancelled`](crate::durable::Fault)).
+    pub async fn process_until(
+        &self,
+        input: &Input,
+        memory: &Memory,
+        cancel: &CancellationToken,
+    ) -> InputReport {
         let mut report = InputReport {
             memory: Arc::clone(memory),
             ..InputReport::default()
@@ -231,7 +245,7 @@ impl Agent {
                             found.unwrap_or_else(|| ActionState::new(key.clone(), event.clone()));
                         report.runs += 1;
                         match self
-                            .run_action(action, input, &event, state, &mut report)
+                            .run_action(action, input, &event, state, cancel, &mut report)
                             .await
                         {
                             Ok(state) => state,
@@ -272,13 +286,18 @@ impl Agent {
         report
     }
 
-    /// [`process`](Self::process) in a task of its own, so that a panic fails this input
-    /// (as [`InputError::Panicked`]) and not its caller.
-    pub async fn process_isolated(self: &Arc<Self>, input: &Input, memory: &Memory) -> InputReport {
+    /// [`process_until`](Self::process_until) in a task of its own, so that a panic fails
+    /// this input (as [`InputError::Panicked`]) and not its caller.
+    pub async fn process_isolated(
+        self: &Arc<Self>,
+        input: &Input,
+        memory: &Memory,
+        cancel: &CancellationToken,
+    ) -> InputReport {
         let task = task::AbortOnDrop(tokio::spawn({
             let agent = Arc::clone(self);
-            let (input, memory) = (input.clone(), Arc::clone(memory));
-            async move { agent.process(&input, &memory).await }
+            let (input, memory, cancel) = (input.clone(), Arc::clone(memory), cancel.clone());
+            async move { agent.process_until(&input, &memory, &cancel).await }
         }));
         match task.await {
             Ok(report) => report,
@@ -310,6 +329,7 @@ impl Agent {
         input: &Input,
         event: &Event,
         state: ActionState,
+        cancel: &CancellationToken,
         report: &mut InputReport,
     ) -> Result<ActionState, RunError> {
         let durable = DurableCalls::new(
@@ -317,7 +337,8 @@ impl Agent {
             Arc::clone(&self.functions),
             Arc::clone(&self.policy),
             state,
-        );
+        )
+        .cancelled_by(cancel.clone());
         let run = RunInput {
             labels: RunLabels {
                 agent: self.name.clone(),

@@ -10,7 +10,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use super::{
-    Checkpoint, CheckpointId, CheckpointStore, KeyProgress, ParkedInput, PendingInput, SkippedInput,
+    Checkpoint, CheckpointId, CheckpointStore, Ended, KeyProgress, ParkedInput, PendingInput,
+    SkippedInput,
 };
 use crate::store::Marker;
 
@@ -81,13 +82,24 @@ pub fn checkpoint(id: CheckpointId) -> Checkpoint {
             offsets: vec![id, 0],
         },
         output_position: Some(id * 7),
-        skipped: vec![SkippedInput {
-            key: "ana".to_owned(),
-            sequence: id + 1,
-            by: "alice".to_owned(),
-            reason: format!("checkpoint {id}"),
-            command: format!("{id}-00"),
-        }],
+        skipped: vec![
+            SkippedInput {
+                key: "ana".to_owned(),
+                sequence: id + 1,
+                ended: Ended::Skipped,
+                by: "alice".to_owned(),
+                reason: format!("checkpoint {id}"),
+                command: format!("{id}-00"),
+            },
+            SkippedInput {
+                key: "bo".to_owned(),
+                sequence: id + 2,
+                ended: Ended::Cancelled,
+                by: "bob".to_owned(),
+                reason: String::new(),
+                command: format!("{id}-01"),
+            },
+        ],
     }
 }
 

@@ -109,17 +109,46 @@ pub struct ParkedInput {
     pub error: String,
 }
 
-/// An input an operator finished without running it: kept in every later checkpoint, the
-/// history of a state's skips.
+/// An input an operator finished without completing it (skipped or cancelled): kept in
+/// every later checkpoint, the history of a state's skips and cancels.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub struct SkippedInput {
     pub key: String,
     pub sequence: u64,
+    /// Skipped (absent in checkpoints written before cancels) or cancelled.
+    #[serde(default, skip_serializing_if = "Ended::is_skipped")]
+    pub ended: Ended,
     pub by: String,
     pub reason: String,
     /// The command that asked (`commands::Command::id`).
     pub command: String,
+}
+
+/// How an operator finished an input without completing it. Either way nothing it did is
+/// applied (no outputs, no memory writes) and its key's next input runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Ended {
+    /// Parked, and skipped: it was not run again.
+    #[default]
+    Skipped,
+    /// Cancelled: stopped at its next durable call (not made), or not run again.
+    Cancelled,
+}
+
+impl Ended {
+    pub fn is_skipped(&self) -> bool {
+        *self == Self::Skipped
+    }
+
+    /// As the states of an input name it: `skipped` or `cancelled`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Skipped => "skipped",
+            Self::Cancelled => "cancelled",
+        }
+    }
 }
 
 /// A consistent cut of everything an agent needs to resume.
@@ -138,7 +167,7 @@ pub struct Checkpoint {
     /// have been written already for the pending inputs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output_position: Option<u64>,
-    /// Every input an operator skipped, oldest first.
+    /// Every input an operator skipped or cancelled, oldest first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub skipped: Vec<SkippedInput>,
 }

@@ -132,7 +132,8 @@ pub async fn inspect(args: InspectArgs) -> anyhow::Result<ExitCode> {
         print_inputs(&inputs);
         for skip in &skipped {
             println!(
-                "skipped: {} #{} by {}: {}",
+                "{}: {} #{} by {}: {}",
+                skip.ended.name(),
                 skip.key,
                 skip.sequence,
                 skip.by,

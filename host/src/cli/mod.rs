@@ -52,6 +52,9 @@ enum Command {
     /// Answer a call of a parked input left in doubt (what the remote did, or that it was
     /// never made), then retry the input.
     Resolve(operator::ResolveArgs),
+    /// Cancel a key's first unfinished input of a run's state (running, retrying or
+    /// parked): it stops at its next durable call, which is not made, and its key goes on.
+    Cancel(operator::CancelArgs),
     /// Kill an agent's run at every durable boundary in turn, recover, and compare with an
     /// uninterrupted run.
     Test(test::TestArgs),
@@ -100,7 +103,8 @@ pub fn test_hooks(cli: &Cli) -> anyhow::Result<Option<OsString>> {
         | Command::Inspect(_)
         | Command::Retry(_)
         | Command::Skip(_)
-        | Command::Resolve(_) => {
+        | Command::Resolve(_)
+        | Command::Cancel(_) => {
             return Ok(None);
         }
     };
@@ -144,6 +148,7 @@ pub async fn main(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Retry(args) => operator::retry(args).await,
         Command::Skip(args) => operator::skip(args).await,
         Command::Resolve(args) => operator::resolve(args).await,
+        Command::Cancel(args) => operator::cancel(args).await,
         Command::Test(args) => test::test(args, cli.cache_dir.clone(), cli.verbose > 0).await,
         Command::Serve(args) => serve::serve(args, sandbox()?).await,
         Command::Cluster(args) => cluster::cluster(args, || Ok(sandbox()?)).await,

@@ -1,5 +1,5 @@
-//! `rewind retry|skip|resolve --state DIR --key K [--sequence N]`: operator commands on a
-//! state directory, carried out by the `rewind run` that holds it, or by the next one.
+//! `rewind retry|skip|resolve|cancel --state DIR --key K [--sequence N]`: operator commands
+//! on a state directory, carried out by the `rewind run` that holds it, or by the next one.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -16,10 +16,10 @@ pub struct Target {
     /// The state directory a run writes.
     #[arg(long, default_value = ".rewind")]
     state: PathBuf,
-    /// The key whose parked input it is.
+    /// The key whose input it is (its parked one; for a cancel, its first unfinished one).
     #[arg(long)]
     key: String,
-    /// The parked input's sequence (default: whichever input of the key is parked).
+    /// The input's sequence (default: whichever input of the key is parked, or first).
     #[arg(long)]
     sequence: Option<u64>,
     /// Who asks, recorded with the command (default: $USER).
@@ -43,6 +43,15 @@ pub struct SkipArgs {
     target: Target,
     /// Why it is skipped, kept in the state's history.
     #[arg(long)]
+    reason: String,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct CancelArgs {
+    #[command(flatten)]
+    target: Target,
+    /// Why it is cancelled, kept in the state's history.
+    #[arg(long, default_value = "")]
     reason: String,
 }
 
@@ -99,6 +108,16 @@ pub async fn skip(args: SkipArgs) -> anyhow::Result<ExitCode> {
     leave(
         args.target,
         Verb::Skip {
+            reason: args.reason,
+        },
+    )
+    .await
+}
+
+pub async fn cancel(args: CancelArgs) -> anyhow::Result<ExitCode> {
+    leave(
+        args.target,
+        Verb::Cancel {
             reason: args.reason,
         },
     )
@@ -169,7 +188,7 @@ pub fn describe(command: &Command) -> String {
             Some(action) => format!(" call {call} of `{action}`"),
             None => format!(" call {call}"),
         },
-        Verb::Retry | Verb::Skip { .. } => String::new(),
+        Verb::Retry | Verb::Skip { .. } | Verb::Cancel { .. } => String::new(),
     };
     format!(
         "{} of key {}{which}{call} by {}",

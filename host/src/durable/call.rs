@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
+use tokio_util::sync::CancellationToken;
 
 use super::ambient::AmbientSource;
 use super::digest::{args_digest, idempotency_key};
@@ -134,6 +135,10 @@ pub enum Fault {
     },
     #[error("the store did not record {state}: {source}")]
     Store { state: String, source: StoreError },
+    /// An operator cancelled the input: the run stops at its next durable call, which is
+    /// not made.
+    #[error("cancelled by an operator before call {index}; it was not made")]
+    Cancelled { index: usize },
 }
 
 /// Counts of what one run's calls did.
@@ -186,6 +191,8 @@ pub struct DurableCalls {
     made: u32,
     stats: CallStats,
     by_function: CallsByFunction,
+    /// Cancelled by an operator: no further call is made.
+    cancel: CancellationToken,
 }
 
 impl DurableCalls {
@@ -216,7 +223,15 @@ impl DurableCalls {
             made: 0,
             stats: CallStats::default(),
             by_function: CallsByFunction::default(),
+            cancel: CancellationToken::new(),
         }
+    }
+
+    /// Stops the run at its next call once `cancel` is cancelled.
+    #[must_use]
+    pub fn cancelled_by(mut self, cancel: CancellationToken) -> Self {
+        self.cancel = cancel;
+        self
     }
 
     /// Counts what a call of `function` did, in the run's totals and its function's.
@@ -258,6 +273,9 @@ impl DurableCalls {
         function: &str,
         args: &str,
     ) -> Result<Result<String, CallError>, Fault> {
+        if self.cancel.is_cancelled() {
+            return Err(Fault::Cancelled { index: self.next });
+        }
         self.readings_within_limit()?;
         if self.made >= self.policy.calls_per_run {
             return Err(Fault::CallLimit {

@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
 
 pub use retry::delay;
 pub use stream::{
@@ -25,6 +26,7 @@ pub use stream::{
 };
 
 use crate::agent::{Agent, InputError, InputReport, Memory};
+pub use crate::checkpoint::Ended;
 use crate::event::Input;
 use crate::text;
 
@@ -48,6 +50,25 @@ pub enum Next {
     /// The input is parked after `attempts` attempts: its key's later inputs wait until an
     /// operator retries or skips it.
     Parked { attempts: u32 },
+}
+
+/// How an operator ended an input, for its front end to record.
+#[derive(Clone, Copy, Debug)]
+pub struct Ending<'a> {
+    pub ended: Ended,
+    pub by: &'a str,
+    /// Why, as the operator said (may be empty for a cancel).
+    pub why: &'a str,
+}
+
+/// What a cancel did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cancelling {
+    /// The input (parked) is finished as cancelled: the front end has recorded it.
+    Ended(u64),
+    /// The input runs, retries or waits for a slot: it stops at its next durable call (or
+    /// its attempt's end), and the front end hears of it through [`Front::ended`].
+    Requested(u64),
 }
 
 /// Why a front end did not record an input as completed.
@@ -103,16 +124,16 @@ pub trait Front: Send + Sync + 'static {
     /// A host fault stopped the key: `input` stays first in its queue, not finished.
     async fn stopped(&self, key: &Self::Key, input: &Queued<Self::Extra>, fault: &str);
 
-    /// An operator skipped the parked `input`: records that durably, with the key's
-    /// `memory` (as the input before it left it: a skipped input's writes are not
-    /// applied). The key's next input runs once this returns.
-    async fn skipped(
+    /// An operator ended `input` without completing it (skipped it parked, or cancelled
+    /// it): records that durably, with the key's `memory` (as the input before it left it:
+    /// its writes are not applied). The key's next input runs once this returns; an error
+    /// is a host fault, which stops the key (a skip's command is refused instead).
+    async fn ended(
         &self,
         key: &Self::Key,
         input: &Queued<Self::Extra>,
         memory: &Memory,
-        by: &str,
-        why: &str,
+        ending: Ending<'_>,
     ) -> Result<(), String>;
 
     /// An operator retries the parked `input` (its `extra` as the retry has it, a newer
@@ -176,6 +197,9 @@ pub struct KeyHead<K, X> {
 pub enum CommandError {
     #[error("key {key} has no parked input{}", sequence.map(|s| format!(" #{s}")).unwrap_or_default())]
     NotParked { key: String, sequence: Option<u64> },
+    /// A cancel that cannot be carried out, and why.
+    #[error("key {key}: {why}")]
+    NotCancellable { key: String, why: String },
     /// What was to be done before the retry was refused (an answer for a call that is not
     /// in doubt, say).
     #[error("{error}")]
@@ -201,6 +225,13 @@ struct KeyState<X> {
     /// A worker task drives the key (or, the key just parked, records the park; or an
     /// operator's command holds its parked input).
     working: bool,
+    /// Cancelled when an operator cancels the first input: its run stops at its next
+    /// durable call. A new one for each first input.
+    cancel: CancellationToken,
+    /// Who cancelled the first input, and why.
+    cancelled: Option<(String, String)>,
+    /// The first input completed and is being recorded: too late to cancel.
+    completing: bool,
 }
 
 impl<X> Default for KeyState<X> {
@@ -211,7 +242,20 @@ impl<X> Default for KeyState<X> {
             queue: VecDeque::new(),
             head: Head::Idle,
             working: false,
+            cancel: CancellationToken::new(),
+            cancelled: None,
+            completing: false,
         }
+    }
+}
+
+impl<X> KeyState<X> {
+    /// The first input is finished: the next one (if any) is first, not cancelled.
+    fn pop(&mut self) {
+        self.queue.pop_front();
+        self.cancel = CancellationToken::new();
+        self.cancelled = None;
+        self.completing = false;
     }
 }
 
@@ -480,24 +524,111 @@ impl<F: Front> Keys<F> {
         by: &str,
         why: &str,
     ) -> Result<u64, CommandError> {
+        let ending = Ending {
+            ended: Ended::Skipped,
+            by,
+            why,
+        };
+        self.end_parked(key, sequence, ending).await
+    }
+
+    /// Cancels `key`'s first unfinished input (`sequence`, when given, must be it). A
+    /// parked one is ended at once, as a skip is; one that runs, retries or waits for a
+    /// slot stops at its next durable call (which is not made), or at its attempt's end,
+    /// and is then ended as cancelled: nothing it did is applied and the key goes on.
+    pub async fn cancel(
+        &self,
+        key: &F::Key,
+        sequence: Option<u64>,
+        by: &str,
+        why: &str,
+    ) -> Result<Cancelling, CommandError> {
+        let refuse = |why: String| CommandError::NotCancellable {
+            key: key.to_string(),
+            why,
+        };
+        {
+            let mut table = self.shared.lock();
+            let state = table
+                .keys
+                .get_mut(key)
+                .filter(|state| !state.queue.is_empty())
+                .ok_or_else(|| refuse("it has no unfinished input".to_owned()))?;
+            let first = state.queue.front().map_or(0, |q| q.input.sequence);
+            if let Some(sequence) = sequence.filter(|&s| s != first) {
+                return Err(refuse(
+                    if state.queue.iter().any(|q| q.input.sequence == sequence) {
+                        format!(
+                            "#{sequence} waits behind #{first}; only a key's first unfinished \
+                         input is cancelled (cancel #{first}, or wait until #{sequence} runs)"
+                        )
+                    } else {
+                        format!("#{sequence} is not an unfinished input of it")
+                    },
+                ));
+            }
+            match &state.head {
+                // Ended below, as a skip is.
+                Head::Parked { .. } if !state.working => {}
+                Head::Stopped { fault, .. } => {
+                    return Err(refuse(format!(
+                        "#{first} was stopped by a host fault and runs again when the host \
+                         recovers; cancel it then ({fault})"
+                    )));
+                }
+                _ if state.completing => {
+                    return Err(refuse(format!(
+                        "#{first} completed before the cancel came; its outputs are recorded"
+                    )));
+                }
+                _ => {
+                    if state.cancelled.is_none() {
+                        state.cancelled = Some((by.to_owned(), why.to_owned()));
+                        state.cancel.cancel();
+                        tracing::warn!(key = %key, sequence = first, by, why,
+                            "an operator cancels the input; it stops at its next durable call");
+                    }
+                    return Ok(Cancelling::Requested(first));
+                }
+            }
+        }
+        let ending = Ending {
+            ended: Ended::Cancelled,
+            by,
+            why,
+        };
+        self.end_parked(key, sequence, ending)
+            .await
+            .map(Cancelling::Ended)
+    }
+
+    /// Ends `key`'s parked input (`sequence`, when given, must be it) as `ending` says:
+    /// the front end records it, and the key's next input runs.
+    async fn end_parked(
+        &self,
+        key: &F::Key,
+        sequence: Option<u64>,
+        ending: Ending<'_>,
+    ) -> Result<u64, CommandError> {
         let (parked, memory) = self.claim(key, sequence)?;
-        let skipped = parked.input.sequence;
-        let recorded = self.shared.front.skipped(key, &parked, &memory, by, why);
+        let ended = parked.input.sequence;
+        let recorded = self.shared.front.ended(key, &parked, &memory, ending);
         if let Err(error) = recorded.await {
             self.release(key);
             return Err(CommandError::Record {
-                what: "skip",
+                what: ending.ended.name(),
                 key: key.to_string(),
-                sequence: skipped,
+                sequence: ended,
                 error,
             });
         }
-        tracing::warn!(key = %key, sequence = skipped, by, why, "an operator skipped the parked input");
+        tracing::warn!(key = %key, sequence = ended, by = ending.by, why = ending.why,
+            "an operator {} the parked input", ending.ended.name());
         let more = {
             let mut table = self.shared.lock();
             table.set_head(key, Head::Idle);
             table.keys.get_mut(key).is_some_and(|state| {
-                state.queue.pop_front();
+                state.pop();
                 state.working = !state.queue.is_empty();
                 state.working
             })
@@ -505,7 +636,7 @@ impl<F: Front> Keys<F> {
         if more {
             self.spawn(key.clone());
         }
-        Ok(skipped)
+        Ok(ended)
     }
 
     /// Takes `key`'s parked input (`sequence`, when given, must be it), with the key's
@@ -572,15 +703,18 @@ fn key_head<K: Clone, X: Clone>(key: &K, state: &KeyState<X>) -> Option<KeyHead<
 /// Drives `key`: runs its queued inputs one at a time, in order, until the queue is empty
 /// or its first input is parked or stopped.
 async fn work<F: Front>(shared: Arc<Shared<F>>, key: F::Key) {
-    let front = &shared.front;
     loop {
-        let (queued, memory) = {
+        let (queued, memory, cancel) = {
             let mut table = shared.lock();
             let Some(state) = table.keys.get_mut(&key) else {
                 return;
             };
             match state.queue.front() {
-                Some(queued) => (queued.clone(), Arc::clone(&state.memory)),
+                Some(queued) => (
+                    queued.clone(),
+                    Arc::clone(&state.memory),
+                    state.cancel.clone(),
+                ),
                 None => {
                     state.working = false;
                     state.head = Head::Idle;
@@ -588,99 +722,211 @@ async fn work<F: Front>(shared: Arc<Shared<F>>, key: F::Key) {
                 }
             }
         };
-        let sequence = queued.input.sequence;
-        let mut attempt = 0;
-        let memory = loop {
-            attempt += 1;
-            let Some(slot) = front.slot().await else {
-                set_head(&shared, &key, Head::Idle, true);
-                return;
-            };
-            let agent = match front.agent(&key, &queued).await {
-                Ok(agent) => agent,
-                Err(fault) => {
-                    drop(slot);
-                    stop(&shared, &key, &queued, fault).await;
+        let memory = match attempts(&shared, &key, &queued, &memory, &cancel).await {
+            Attempts::Completed(memory) => Some(memory),
+            Attempts::Cancelled => {
+                if !end_cancelled(&shared, &key, &queued, &memory).await {
                     return;
                 }
-            };
-            set_head(&shared, &key, Head::Running { sequence, attempt }, false);
-            let mut report = agent.process_isolated(&queued.input, &memory).await;
-            let error = match report.error.take() {
-                None => {
-                    let memory = Arc::clone(&report.memory);
-                    // The slot is held until the input is recorded: a front end that
-                    // stops waits for that too.
-                    let completed = front.completed(&key, &queued, report).await;
-                    drop(slot);
-                    match completed {
-                        Ok(()) => break memory,
-                        Err(Refusal::Fault(fault)) => {
-                            stop(&shared, &key, &queued, fault).await;
-                            return;
-                        }
-                        Err(Refusal::Failed(error)) => {
-                            report = InputReport::default();
-                            error
-                        }
-                    }
-                }
-                Some(error) if error.is_host_fault() => {
-                    drop(slot);
-                    stop(&shared, &key, &queued, error.to_string()).await;
-                    return;
-                }
-                Some(error) => {
-                    drop(slot);
-                    error
-                }
-            };
-            let retry = agent.retry();
-            let labels = (agent.tenant(), agent.name());
-            // Escaped and bounded: a guest's error is its own text.
-            let message = text::outside_error(&error.to_string());
-            if attempt < retry.attempts {
-                let after = delay(&retry, attempt);
-                tracing::warn!(tenant = %labels.0, agent = labels.1, key = %key, sequence,
-                    attempt, attempts = retry.attempts, retry_in = ?after,
-                    "input failed; retrying: {message}");
-                let retrying = Head::Retrying {
-                    sequence,
-                    attempt,
-                    error: message,
-                };
-                set_head(&shared, &key, retrying, false);
-                front
-                    .failed(&key, &queued, report, error, Next::Retry { attempt, after })
-                    .await;
-                tokio::time::sleep(after).await;
-                continue;
+                None
             }
-            tracing::error!(tenant = %labels.0, agent = labels.1, key = %key, sequence,
-                attempts = attempt, "input parked after its last attempt; its key's later \
-                inputs wait for an operator to retry or skip it: {message}");
-            let parked = Head::Parked {
-                sequence,
-                attempts: attempt,
-                error: message,
-            };
-            // Stalled from now on (a front end that waits for its inputs to finish or stall
-            // counts on that once it hears of the park), but shown as parked, and taking
-            // commands, only once the front end has recorded it: a retry recorded before
-            // the park would be undone by it at recovery.
-            set_head(&shared, &key, parked, false);
-            let next = Next::Parked { attempts: attempt };
-            front.failed(&key, &queued, report, error, next).await;
-            if let Some(state) = shared.lock().keys.get_mut(&key) {
-                state.working = false;
-            }
-            return;
+            Attempts::Over => return,
         };
         let mut table = shared.lock();
         table.set_head(&key, Head::Idle);
         if let Some(state) = table.keys.get_mut(&key) {
-            state.queue.pop_front();
-            state.memory = memory;
+            state.pop();
+            if let Some(memory) = memory {
+                state.memory = memory;
+            }
+        }
+    }
+}
+
+/// How the attempts at a key's first input ended.
+enum Attempts {
+    /// It completed and is recorded, leaving the key's memory so.
+    Completed(Memory),
+    /// An operator cancelled it; the front end has not recorded that yet.
+    Cancelled,
+    /// It is parked or stopped, or the front end stops: the worker ends.
+    Over,
+}
+
+/// Runs `queued` (the key's first input, on `memory`) until it completes, is cancelled, or
+/// is parked or stopped: each failed attempt retried after its backoff.
+async fn attempts<F: Front>(
+    shared: &Shared<F>,
+    key: &F::Key,
+    queued: &Queued<F::Extra>,
+    memory: &Memory,
+    cancel: &CancellationToken,
+) -> Attempts {
+    let front = &shared.front;
+    let sequence = queued.input.sequence;
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let slot = tokio::select! {
+            biased;
+            () = cancel.cancelled() => return Attempts::Cancelled,
+            slot = front.slot() => slot,
+        };
+        let Some(slot) = slot else {
+            set_head(shared, key, Head::Idle, true);
+            return Attempts::Over;
+        };
+        let agent = match front.agent(key, queued).await {
+            Ok(agent) => agent,
+            Err(fault) => {
+                drop(slot);
+                stop(shared, key, queued, fault).await;
+                return Attempts::Over;
+            }
+        };
+        set_head(shared, key, Head::Running { sequence, attempt }, false);
+        let mut report = agent.process_isolated(&queued.input, memory, cancel).await;
+        if cancelled(shared, key, report.error.is_none()) {
+            return Attempts::Cancelled;
+        }
+        let error = match report.error.take() {
+            None => {
+                let memory = Arc::clone(&report.memory);
+                // The slot is held until the input is recorded: a front end that stops
+                // waits for that too.
+                let completed = front.completed(key, queued, report).await;
+                drop(slot);
+                match completed {
+                    Ok(()) => return Attempts::Completed(memory),
+                    Err(Refusal::Fault(fault)) => {
+                        stop(shared, key, queued, fault).await;
+                        return Attempts::Over;
+                    }
+                    Err(Refusal::Failed(error)) => {
+                        if let Some(state) = shared.lock().keys.get_mut(key) {
+                            state.completing = false;
+                        }
+                        report = InputReport::default();
+                        error
+                    }
+                }
+            }
+            Some(error) if error.is_host_fault() => {
+                drop(slot);
+                stop(shared, key, queued, error.to_string()).await;
+                return Attempts::Over;
+            }
+            Some(error) => {
+                drop(slot);
+                error
+            }
+        };
+        let retry = agent.retry();
+        let labels = (agent.tenant(), agent.name());
+        // Escaped and bounded: a guest's error is its own text.
+        let message = text::outside_error(&error.to_string());
+        if attempt < retry.attempts {
+            let after = delay(&retry, attempt);
+            tracing::warn!(tenant = %labels.0, agent = labels.1, key = %key, sequence,
+                attempt, attempts = retry.attempts, retry_in = ?after,
+                "input failed; retrying: {message}");
+            let retrying = Head::Retrying {
+                sequence,
+                attempt,
+                error: message,
+            };
+            set_head(shared, key, retrying, false);
+            front
+                .failed(key, queued, report, error, Next::Retry { attempt, after })
+                .await;
+            tokio::select! {
+                () = cancel.cancelled() => return Attempts::Cancelled,
+                () = tokio::time::sleep(after) => continue,
+            }
+        }
+        tracing::error!(tenant = %labels.0, agent = labels.1, key = %key, sequence,
+            attempts = attempt, "input parked after its last attempt; its key's later \
+            inputs wait for an operator to retry or skip it: {message}");
+        let parked = Head::Parked {
+            sequence,
+            attempts: attempt,
+            error: message,
+        };
+        // Stalled from now on (a front end that waits for its inputs to finish or stall
+        // counts on that once it hears of the park), but shown as parked, and taking
+        // commands, only once the front end has recorded it: a retry recorded before the
+        // park would be undone by it at recovery.
+        set_head(shared, key, parked, false);
+        let next = Next::Parked { attempts: attempt };
+        front.failed(key, queued, report, error, next).await;
+        let mut table = shared.lock();
+        let Some(state) = table.keys.get_mut(key) else {
+            return Attempts::Over;
+        };
+        // A cancel that came while the park was recorded ends it now.
+        if state.cancelled.is_some() {
+            return Attempts::Cancelled;
+        }
+        state.working = false;
+        return Attempts::Over;
+    }
+}
+
+/// Whether an operator cancelled `key`'s first input; if not and `completing`, from now on
+/// it is too late to.
+fn cancelled<F: Front>(shared: &Shared<F>, key: &F::Key, completing: bool) -> bool {
+    let mut table = shared.lock();
+    let Some(state) = table.keys.get_mut(key) else {
+        return false;
+    };
+    if state.cancelled.is_some() {
+        return true;
+    }
+    state.completing = completing;
+    false
+}
+
+/// Has the front end record `key`'s first input (`queued`) as cancelled; `false` when it
+/// could not (a host fault, which stops the key).
+async fn end_cancelled<F: Front>(
+    shared: &Shared<F>,
+    key: &F::Key,
+    queued: &Queued<F::Extra>,
+    memory: &Memory,
+) -> bool {
+    let (by, why) = {
+        let mut table = shared.lock();
+        // A park being recorded when the cancel came was stalled: no longer.
+        if let Some(Head::Parked {
+            sequence, attempts, ..
+        }) = table.keys.get(key).map(|state| state.head.clone())
+        {
+            let running = Head::Running {
+                sequence,
+                attempt: attempts,
+            };
+            table.set_head(key, running);
+        }
+        table
+            .keys
+            .get(key)
+            .and_then(|state| state.cancelled.clone())
+            .unwrap_or_default()
+    };
+    let ending = Ending {
+        ended: Ended::Cancelled,
+        by: &by,
+        why: &why,
+    };
+    match shared.front.ended(key, queued, memory, ending).await {
+        Ok(()) => {
+            tracing::warn!(key = %key, sequence = queued.input.sequence, by, why,
+                "an operator cancelled the input; its key goes on");
+            true
+        }
+        Err(fault) => {
+            stop(shared, key, queued, fault).await;
+            false
         }
     }
 }

@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use futures_util::{Stream, StreamExt as _};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 
-use super::{Front, Head, Keys, Next, Queued, Refusal};
+use super::{Cancelling, Ended, Ending, Front, Head, Keys, Next, Queued, Refusal};
 use crate::agent::input::{InputLine, LineError};
 use crate::agent::output::OutputSink;
 use crate::agent::{Agent, InputError, InputReport, Memory, StateConfig};
@@ -62,8 +62,10 @@ pub struct Summary {
     pub calls_by_function: CallsByFunction,
     /// Events of a kind no action handles, dropped (`unhandled-events = "drop"`).
     pub unhandled: u64,
-    /// Operator commands carried out or refused, in order.
+    /// Operator commands carried out or refused, in the order they ended.
     pub commands: Vec<(Command, Outcome)>,
+    /// Inputs an operator skipped or cancelled during the run.
+    pub ended: Vec<(String, u64, Ended)>,
     pub elapsed: Duration,
 }
 
@@ -243,6 +245,8 @@ pub async fn run_inputs<S: OutputSink>(
         }),
         taken: HashSet::new(),
         applied: Vec::new(),
+        ending: HashMap::new(),
+        checkpoint_now: false,
         skipped: Vec::new(),
     };
     if let Some(checkpoint) = options.resume {
@@ -312,6 +316,13 @@ enum Done {
     Completed(Input, InputReport),
     Failed(Input, InputReport, InputError, Next),
     Stopped(Input, String),
+    /// An operator skipped or cancelled it.
+    Ended {
+        input: Input,
+        ended: Ended,
+        by: String,
+        why: String,
+    },
 }
 
 /// The run's side of the core: a slot is one of `parallelism` permits; what the keys report
@@ -368,17 +379,22 @@ impl Front for StreamFront {
             .send(Done::Stopped(queued.input.clone(), fault.to_owned()));
     }
 
-    /// The run's loop asked for the skip, and records it in its next checkpoint (taken at
-    /// once) before it says the command is done: a crash before that leaves the input
-    /// parked and the command pending, carried out again by the next run.
-    async fn skipped(
+    /// The run's loop records it in a checkpoint taken at once, before it says the
+    /// command that asked is done: a crash before that leaves the input pending (parked, if
+    /// it was) and the command too, carried out again by the next run.
+    async fn ended(
         &self,
         _: &String,
-        _: &Queued<()>,
+        queued: &Queued<()>,
         _: &Memory,
-        _: &str,
-        _: &str,
+        ending: Ending<'_>,
     ) -> Result<(), String> {
+        let _ = self.done.send(Done::Ended {
+            input: queued.input.clone(),
+            ended: ending.ended,
+            by: ending.by.to_owned(),
+            why: ending.why.to_owned(),
+        });
         Ok(())
     }
 
@@ -415,7 +431,11 @@ struct Run<'a, S: OutputSink> {
     taken: HashSet<String>,
     /// Commands carried out whose effect the next checkpoint records; done once it is saved.
     applied: Vec<(Command, Outcome)>,
-    /// Every input an operator skipped, as checkpoints keep them.
+    /// Skips and cancels carried out, by the input they end, until it is ended.
+    ending: HashMap<(String, u64), Vec<Command>>,
+    /// An operator's command ended an input: checkpoint at once.
+    checkpoint_now: bool,
+    /// Every input an operator skipped or cancelled, as checkpoints keep them.
     skipped: Vec<SkippedInput>,
 }
 
@@ -471,8 +491,9 @@ impl<S: OutputSink> Run<'_, S> {
         }
     }
 
-    /// Carries out the operator commands left since it last looked, in order. A skip is
-    /// in the checkpoint taken at once before its command is done.
+    /// Carries out the operator commands left since it last looked, in order. A skip or a
+    /// cancel is in a checkpoint, taken as soon as its input is ended, before its command
+    /// is done.
     async fn carry_out_commands(&mut self) -> std::io::Result<()> {
         let Some(queue) = self.commands else {
             return Ok(());
@@ -484,12 +505,13 @@ impl<S: OutputSink> Run<'_, S> {
                 return Ok(());
             }
         };
-        let mut checkpoint = false;
         for command in commands {
             if !self.taken.insert(command.id.clone()) {
                 continue;
             }
-            let outcome = self.carry_out(&command).await;
+            let Some(outcome) = self.carry_out(&command).await else {
+                continue;
+            };
             if let Outcome::Refused { error } = &outcome {
                 tracing::warn!(key = %command.key, command = %command.id, by = %command.by,
                     verb = command.verb.name(), "operator command refused: {error}");
@@ -497,31 +519,26 @@ impl<S: OutputSink> Run<'_, S> {
             self.summary
                 .commands
                 .push((command.clone(), outcome.clone()));
-            let record = matches!(
-                (&command.verb, &outcome),
-                (Verb::Skip { .. }, Outcome::Applied { .. })
-            );
-            if record && self.checkpointing.is_some() {
-                checkpoint = true;
-                self.applied.push((command, outcome));
-            } else {
-                finish(queue, &command, &outcome).await;
-            }
+            finish(queue, &command, &outcome).await;
         }
-        if checkpoint {
-            self.checkpoint().await?;
+        // The inputs skipped or cancelled while parked are ended already: recorded now.
+        while let Ok(done) = self.done_rx.try_recv() {
+            self.record(done).await?;
         }
         Ok(())
     }
 
-    async fn carry_out(&mut self, command: &Command) -> Outcome {
+    /// Carries out `command`, and says what came of it; `None` when that comes once its
+    /// input is ended (a skip or a cancel).
+    async fn carry_out(&mut self, command: &Command) -> Option<Outcome> {
         let key = &command.key;
         let done = match &command.verb {
             Verb::Retry => {
                 let retried = self.keys.retry(key, command.sequence, &command.by, |_| {});
-                retried
-                    .await
-                    .inspect(|&sequence| self.unpark(key, sequence))
+                retried.await.map(|sequence| {
+                    self.unpark(key, sequence);
+                    Some(sequence)
+                })
             }
             Verb::Resolve {
                 call,
@@ -548,40 +565,39 @@ impl<S: OutputSink> Run<'_, S> {
                 let retried = self
                     .keys
                     .retry_after(key, command.sequence, &command.by, resolve);
-                retried
-                    .await
-                    .inspect(|&sequence| self.unpark(key, sequence))
-            }
-            Verb::Skip { reason } => {
-                // Skipped already, by this command, in a run that stopped before it said so.
-                if let Some(done) = self.skipped.iter().find(|s| s.command == command.id) {
-                    return Outcome::Applied {
-                        sequence: done.sequence,
-                    };
-                }
-                let skipped = self.keys.skip(key, command.sequence, &command.by, reason);
-                skipped.await.inspect(|&sequence| {
+                retried.await.map(|sequence| {
                     self.unpark(key, sequence);
-                    self.tracker.pending.remove(&(key.clone(), sequence));
-                    if let Some((_, last)) = self.tracker.keys.get_mut(key) {
-                        *last = (*last).max(sequence);
-                    }
-                    self.skipped.push(SkippedInput {
-                        key: key.clone(),
-                        sequence,
-                        by: command.by.clone(),
-                        reason: reason.clone(),
-                        command: command.id.clone(),
+                    Some(sequence)
+                })
+            }
+            Verb::Skip { reason } | Verb::Cancel { reason } => {
+                // Ended already, by this command, in a run that stopped before it said so.
+                if let Some(done) = self.skipped.iter().find(|s| s.command == command.id) {
+                    return Some(Outcome::Applied {
+                        sequence: done.sequence,
                     });
-                    self.changed = true;
+                }
+                let (by, sequence) = (&command.by, command.sequence);
+                let ended = if let Verb::Cancel { .. } = command.verb {
+                    let cancelled = self.keys.cancel(key, sequence, by, reason).await;
+                    cancelled.map(|(Cancelling::Ended(s) | Cancelling::Requested(s))| s)
+                } else {
+                    self.keys.skip(key, sequence, by, reason).await
+                };
+                // Done once the input is ended, and that is in a checkpoint.
+                ended.map(|sequence| {
+                    let ending = self.ending.entry((key.clone(), sequence)).or_default();
+                    ending.push(command.clone());
+                    None
                 })
             }
         };
         match done {
-            Ok(sequence) => Outcome::Applied { sequence },
-            Err(error) => Outcome::Refused {
+            Ok(Some(sequence)) => Some(Outcome::Applied { sequence }),
+            Ok(None) => None,
+            Err(error) => Some(Outcome::Refused {
                 error: error.to_string(),
-            },
+            }),
         }
     }
 
@@ -919,6 +935,15 @@ impl<S: OutputSink> Run<'_, S> {
                     .push((input.key.clone(), input.sequence, fault));
                 InputReport::default()
             }
+            Done::Ended {
+                input,
+                ended,
+                by,
+                why,
+            } => {
+                self.ended(input, ended, by, why).await;
+                InputReport::default()
+            }
         };
         let summary = &mut self.summary;
         summary.runs += report.runs;
@@ -926,6 +951,56 @@ impl<S: OutputSink> Run<'_, S> {
         summary.calls += report.calls;
         summary.calls_by_function += &report.calls_by_function;
         summary.unhandled += report.unhandled;
+        if std::mem::take(&mut self.checkpoint_now) {
+            self.checkpoint().await?;
+        }
         Ok(())
+    }
+
+    /// An operator skipped or cancelled `input`: it is finished, in the history, and the
+    /// commands that asked are done once a checkpoint holds that (taken at once).
+    async fn ended(&mut self, input: Input, ended: Ended, by: String, why: String) {
+        let (key, sequence) = (input.key.clone(), input.sequence);
+        let parked = self
+            .tracker
+            .pending
+            .get(&(key.clone(), sequence))
+            .is_some_and(|pending| pending.parked.is_some());
+        if !parked {
+            // A parked input was counted as finished when it parked.
+            self.progress.finished(&input, false);
+        }
+        self.unpark(&key, sequence);
+        self.tracker.pending.remove(&(key.clone(), sequence));
+        if let Some((_, last)) = self.tracker.keys.get_mut(&key) {
+            *last = (*last).max(sequence);
+        }
+        let commands = self
+            .ending
+            .remove(&(key.clone(), sequence))
+            .unwrap_or_default();
+        self.skipped.push(SkippedInput {
+            key: key.clone(),
+            sequence,
+            ended,
+            by,
+            reason: why,
+            command: commands.first().map(|c| c.id.clone()).unwrap_or_default(),
+        });
+        self.summary.ended.push((key, sequence, ended));
+        let outcome = Outcome::Applied { sequence };
+        for command in commands {
+            self.summary
+                .commands
+                .push((command.clone(), outcome.clone()));
+            match self.commands {
+                Some(_) if self.checkpointing.is_some() => {
+                    self.applied.push((command, outcome.clone()));
+                    self.checkpoint_now = true;
+                }
+                Some(queue) => finish(queue, &command, &outcome).await,
+                None => {}
+            }
+        }
     }
 }

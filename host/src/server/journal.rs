@@ -51,8 +51,8 @@ pub struct Accepted {
     pub accepted_at: u64,
 }
 
-/// An input that finished: done, or skipped by an operator (or, written by builds before
-/// retries, failed).
+/// An input that finished: done, or skipped or cancelled by an operator (or, written by
+/// builds before retries, failed).
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Finished {
     pub agent: String,
@@ -70,7 +70,7 @@ pub struct Finished {
     pub version: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
-    /// Who skipped it, and why.
+    /// Who skipped or cancelled it, and why.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub by: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -118,6 +118,9 @@ pub enum FinishedStatus {
     Done,
     /// An operator skipped it: its key went on without it; nothing it did was applied.
     Skipped,
+    /// An operator cancelled it: it stopped at its next durable call (not made), or was
+    /// not run again; its key went on without it; nothing it did was applied.
+    Cancelled,
     /// Finished without completing, by builds before retries.
     Failed,
 }
@@ -330,6 +333,7 @@ mod tests {
             ("failed", FinishedStatus::Failed),
             ("done", FinishedStatus::Done),
             ("skipped", FinishedStatus::Skipped),
+            ("cancelled", FinishedStatus::Cancelled),
         ] {
             let text = format!(
                 r#"{{"finished":{{"agent":"bot","key":"k","sequence":1,"status":"{written}","outputs":0,"actions":[],"memory":{{}},"finished_at":1}}}}"#

@@ -1,17 +1,23 @@
-//! Operator commands on a run that is going: a parked input skipped or retried from
-//! outside the process, through the state directory's commands.
+//! Operator commands on a run that is going: a parked input skipped or retried, a call in
+//! doubt resolved, an input cancelled, from outside the process, through the state
+//! directory's commands.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt as _;
 use rewind_host::agent::input::{InputLine, LineError};
 use rewind_host::agent::{Agent, JsonlSink};
+use rewind_host::checkpoint::Ended;
 use rewind_host::checkpoint::{Checkpoint, CheckpointStore as _, FileCheckpoints};
-use rewind_host::commands::{CallAnswer, CommandDir, Done, Outcome, Verb};
+use rewind_host::commands::{
+    CallAnswer, Command, CommandDir, CommandQueue, CommandsError, Done, Outcome, Verb,
+};
+use rewind_host::functions::{CallRequest, Function, FunctionError};
 use rewind_host::keys::{Checkpointing, RunOptions, Summary, run_inputs};
 use serde_json::{Value, json};
-use tokio::sync::mpsc;
+use tokio::sync::{Semaphore, mpsc};
 
 use crate::support::{agent_toml, agent_with, memory_store};
 
@@ -32,19 +38,31 @@ struct Going {
     fed: usize,
     checkpoints: Arc<FileCheckpoints>,
     commands: CommandDir,
+    /// How often the run has looked for commands.
+    looked: Arc<AtomicU64>,
     run: tokio::task::JoinHandle<(Summary, String)>,
 }
 
 impl Going {
     fn start(state: &std::path::Path, checkpoints: Cadence) -> Self {
         let toml = agent_toml("caller", "", "[retry]\nattempts = 2\ninitial-ms = 1\n");
-        Self::start_with(state, &toml, checkpoints)
+        Self::start_with(state, &toml, checkpoints, &[])
     }
 
-    fn start_with(state: &std::path::Path, toml: &str, cadence: Cadence) -> Self {
-        let agent = Arc::new(agent_with(toml, memory_store(), &[]));
+    fn start_with(
+        state: &std::path::Path,
+        toml: &str,
+        cadence: Cadence,
+        functions: &[(&str, Arc<dyn Function>)],
+    ) -> Self {
+        let agent = Arc::new(agent_with(toml, memory_store(), functions));
         let checkpoints = Arc::new(FileCheckpoints::new(state.join("checkpoints")));
         let commands = CommandDir::of(state);
+        let looked = Arc::new(AtomicU64::new(0));
+        let watched = Watched {
+            dir: commands.clone(),
+            looked: Arc::clone(&looked),
+        };
         let (lines, rx) = mpsc::unbounded_channel();
         let stream = futures_util::stream::unfold(rx, |mut rx| async move {
             rx.recv().await.map(|line| (line, rx))
@@ -54,7 +72,7 @@ impl Going {
             agent,
             stream,
             Arc::clone(&checkpoints),
-            commands.clone(),
+            watched,
             cadence,
         ));
         Self {
@@ -62,7 +80,23 @@ impl Going {
             fed: 0,
             checkpoints,
             commands,
+            looked,
             run,
+        }
+    }
+
+    /// Returns once the run has carried out every command left before this was called:
+    /// it has looked for commands twice since (it carries out what it finds before it
+    /// looks again).
+    async fn taken(&self) {
+        let since = self.looked.load(Ordering::SeqCst);
+        let started = Instant::now();
+        while self.looked.load(Ordering::SeqCst) < since + 2 {
+            assert!(
+                started.elapsed() < PATIENCE,
+                "the run stopped looking for commands"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
 
@@ -115,7 +149,7 @@ async fn run(
     agent: Arc<Agent>,
     lines: futures_util::stream::BoxStream<'static, Result<InputLine, LineError>>,
     checkpoints: Arc<FileCheckpoints>,
-    commands: CommandDir,
+    commands: Watched,
     cadence: Cadence,
 ) -> (Summary, String) {
     let (every_inputs, every) = match cadence {
@@ -142,6 +176,26 @@ async fn run(
         summary,
         String::from_utf8(sink.into_inner()).expect("utf-8"),
     )
+}
+
+/// A state directory's commands, counting how often the run looks for them.
+#[derive(Debug)]
+struct Watched {
+    dir: CommandDir,
+    looked: Arc<AtomicU64>,
+}
+
+#[async_trait::async_trait]
+impl CommandQueue for Watched {
+    async fn pending(&self) -> Result<Vec<Command>, CommandsError> {
+        let pending = self.dir.pending().await;
+        self.looked.fetch_add(1, Ordering::SeqCst);
+        pending
+    }
+
+    async fn finish(&self, command: &Command, outcome: &Outcome) -> Result<(), CommandsError> {
+        self.dir.finish(command, outcome).await
+    }
 }
 
 /// Whether `checkpoint` has `key`'s input `sequence` parked.
@@ -268,7 +322,7 @@ async fn a_call_in_doubt_answered_by_an_operator_lets_its_parked_input_complete_
     let mut toml = crate::in_doubt::pay_agent(&base, "fail", "/charge/status");
     toml.push_str("\n[retry]\nattempts = 2\ninitial-ms = 1\n");
     let state = tempfile::tempdir().expect("tempdir");
-    let mut going = Going::start_with(state.path(), &toml, Cadence::Timed);
+    let mut going = Going::start_with(state.path(), &toml, Cadence::Timed, &[]);
     let pay = json!({ "calls": [{ "function": "pay", "args": { "amount": 5 } }] });
     going.feed("ana", &pay);
     let at_park = going.checkpoint(|c| parked(c, "ana", 1)).await;
@@ -308,8 +362,164 @@ async fn a_call_in_doubt_answered_by_an_operator_lets_its_parked_input_complete_
     );
     assert!(summary.all_completed(), "{summary:?}");
     assert_eq!(
-        payments.posts.load(std::sync::atomic::Ordering::SeqCst),
+        payments.posts.load(Ordering::SeqCst),
         1,
         "the charge was made once, before it was in doubt"
     );
+}
+
+/// A custom function whose calls each wait until the test opens the gate for one, saying
+/// when one has come.
+#[derive(Debug)]
+struct Gate {
+    calls: AtomicU64,
+    came: mpsc::UnboundedSender<u64>,
+    open: Semaphore,
+}
+
+impl Gate {
+    fn new() -> (Arc<Self>, mpsc::UnboundedReceiver<u64>) {
+        let (came, rx) = mpsc::unbounded_channel();
+        let gate = Self {
+            calls: AtomicU64::new(0),
+            came,
+            open: Semaphore::new(0),
+        };
+        (Arc::new(gate), rx)
+    }
+}
+
+#[async_trait::async_trait]
+impl Function for Gate {
+    async fn call(&self, _: CallRequest<'_>) -> Result<String, FunctionError> {
+        let n = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
+        let _ = self.came.send(n);
+        self.open.acquire().await.expect("the gate stays").forget();
+        Ok(json!({ "n": n }).to_string())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_left_while_an_input_runs_stops_it_at_its_next_call_and_its_key_goes_on() {
+    let (gate, mut came) = Gate::new();
+    let toml = agent_toml("caller", "", "");
+    let state = tempfile::tempdir().expect("tempdir");
+    let functions: [(&str, Arc<dyn Function>); 1] = [("gate", gate.clone())];
+    let mut going = Going::start_with(state.path(), &toml, Cadence::Timed, &functions);
+    let two_calls = json!({ "calls": [
+        { "function": "gate", "args": { "step": 1 } },
+        { "function": "gate", "args": { "step": 2 } },
+    ] });
+    going.feed("k", &two_calls);
+    going.feed("k", &json!({}));
+    let first = tokio::time::timeout(PATIENCE, came.recv()).await;
+    assert_eq!(first.expect("call 0 came"), Some(1));
+
+    let cancel = Verb::Cancel {
+        reason: "the customer withdrew".to_owned(),
+    };
+    let cancel = going
+        .commands
+        .submit("k", Some(1), "dora", cancel)
+        .expect("left");
+    // Call 0 is in flight: the cancel waits for the run to reach its next call.
+    going.taken().await;
+    assert!(
+        going.commands.outcome(&cancel.id).expect("read").is_none(),
+        "done before the input stopped"
+    );
+    gate.open.add_permits(1);
+    let done = going.outcome(&cancel.id).await;
+    assert_eq!(done.outcome, Outcome::Applied { sequence: 1 });
+    // Done only once a checkpoint holds the cancel.
+    let latest = going
+        .checkpoints
+        .latest()
+        .await
+        .expect("read")
+        .expect("one");
+    let ended: Vec<_> = latest
+        .skipped
+        .iter()
+        .map(|s| {
+            (
+                s.key.as_str(),
+                s.sequence,
+                s.ended,
+                s.by.as_str(),
+                s.reason.as_str(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        ended,
+        [("k", 1, Ended::Cancelled, "dora", "the customer withdrew")]
+    );
+
+    let (summary, written) = going.end().await;
+    assert_eq!(
+        gate.calls.load(Ordering::SeqCst),
+        1,
+        "call 1 came after the cancel: not made"
+    );
+    assert_eq!(
+        outputs(&written),
+        [("k".to_owned(), 2)],
+        "#2 ran; #1 sent nothing"
+    );
+    assert_eq!(summary.ended, [("k".to_owned(), 1, Ended::Cancelled)]);
+    assert!(summary.all_completed(), "{summary:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_ends_an_input_waiting_to_retry_without_another_attempt() {
+    let toml = agent_toml(
+        "caller",
+        "",
+        "[retry]\nattempts = 3\ninitial-ms = 600000\nmax-ms = 600000\n",
+    );
+    let state = tempfile::tempdir().expect("tempdir");
+    let mut going = Going::start_with(state.path(), &toml, Cadence::Timed, &[]);
+    going.feed("k", &json!({ "fail": "not yet" }));
+    going.feed("k", &json!({}));
+    let retrying = going
+        .checkpoint(|c| c.pending.iter().any(|p| p.key == "k" && p.sequence == 2))
+        .await;
+    assert!(retrying.skipped.is_empty());
+    let cancel = going
+        .commands
+        .submit(
+            "k",
+            None,
+            "erin",
+            Verb::Cancel {
+                reason: String::new(),
+            },
+        )
+        .expect("left");
+    let done = going.outcome(&cancel.id).await;
+    assert_eq!(done.outcome, Outcome::Applied { sequence: 1 });
+    // Cancelled once: a second cancel of it is refused, saying why.
+    let late = going
+        .commands
+        .submit(
+            "k",
+            Some(1),
+            "erin",
+            Verb::Cancel {
+                reason: String::new(),
+            },
+        )
+        .expect("left");
+    let Outcome::Refused { error } = going.outcome(&late.id).await.outcome else {
+        panic!("k #1 is finished");
+    };
+    assert!(
+        error == "key k: it has no unfinished input"
+            || error == "key k: #1 is not an unfinished input of it",
+        "{error}"
+    );
+    let (summary, written) = going.end().await;
+    assert_eq!(outputs(&written), [("k".to_owned(), 2)]);
+    assert!(summary.all_completed(), "{summary:?}");
 }

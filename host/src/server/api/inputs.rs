@@ -1,5 +1,6 @@
 //! An agent's inputs as an operator sees them: a key's history, the inputs parked (or
-//! retrying, running, stopped) across keys, and the retry or skip of a parked one.
+//! retrying, running, stopped) across keys; an operator's retry or skip of a parked one, the
+//! answer for a call of it in doubt, and the cancel of a key's first unfinished input.
 
 // `#[utoipa::path]` expands `params(SomeQuery)` into paths this lint flags.
 #![allow(unused_qualifications)]
@@ -17,6 +18,7 @@ use super::{
     ApiError, Caller, ErrorBody, MAX_COMMAND_BODY, TenantErrors, caller, open_tenant, read_body,
 };
 use crate::durable::Answer;
+use crate::keys::Cancelling;
 use crate::server::ServerState;
 use crate::server::runtime::{CommandRefused, HeadInput, HistoryEntry, InputStatus, TenantRuntime};
 
@@ -188,6 +190,16 @@ pub(super) struct SkipInput {
 /// The longest reason a skip records, in characters.
 const MAX_REASON: usize = 1000;
 
+/// An operator's cancel of an input.
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(super) struct CancelInput {
+    /// Why it is cancelled, for the key's history. Up to 1000 characters.
+    #[schema(max_length = 1000)]
+    #[serde(default)]
+    reason: String,
+}
+
 /// An operator's answer for a call in doubt: `{"result": <JSON>}` (the call ran and the
 /// remote answered that), `{"error": "..."}` (it ran and failed) or `"not-made"` (it never
 /// reached the remote; the next attempt makes it, under the same idempotency key).
@@ -231,12 +243,13 @@ pub(super) struct ResolveQuery {
 /// The largest body of a resolve: the answer of a call (a model's reply) may be long.
 const MAX_RESOLVE_BODY: usize = 1 << 20;
 
-/// What an operator's retry or skip did.
+/// What an operator's command did.
 #[derive(Debug, Serialize, ToSchema)]
 pub(super) struct CommandDone {
     key: String,
     sequence: u64,
-    /// `retried` or `skipped`.
+    /// `retried`, `skipped`, `cancelled`, or `cancelling` (it stops at its next durable
+    /// call; its history says `cancelled` then).
     done: String,
     /// Who did it, as the history records it: `admin`, or `tenant token tok_…` (the id of
     /// the tenant's token that asked).
@@ -264,26 +277,15 @@ pub(super) async fn retry_input(
     body: axum::body::Body,
 ) -> Result<Json<CommandDone>, ApiError> {
     let (by, runtime, body) = command_request(&state, &headers, &tenant, body, "a retry").await?;
-    let retry: RetryInput = if body.iter().all(u8::is_ascii_whitespace) {
-        RetryInput::default()
-    } else {
-        serde_json::from_slice::<Option<RetryInput>>(&body)
-            .map_err(|e| {
-                ApiError::bad_request(format!(
-                    "expected {{\"version\": <number>}}, null or no body: {e}"
-                ))
-            })?
-            .unwrap_or_default()
-    };
+    let retry: RetryInput = optional_body(&body, "{\"version\": <number>}")?;
     let command = {
         let (agent, key, by) = (agent.clone(), key.clone(), by.clone());
         async move {
-            runtime
-                .retry(&agent, &key, Some(sequence), retry.version, &by)
-                .await
+            let retried = runtime.retry(&agent, &key, Some(sequence), retry.version, &by);
+            retried.await.map(|sequence| (sequence, RETRIED))
         }
     };
-    run_command(&tenant, key, by, "retried", command).await
+    run_command(&tenant, key, by, command).await
 }
 
 /// Skips a parked input: it is finished as `skipped` (nothing it did is applied: no
@@ -316,13 +318,66 @@ pub(super) async fn skip_input(
     let command = {
         let (agent, key, by) = (agent.clone(), key.clone(), by.clone());
         async move {
-            runtime
-                .skip(&agent, &key, Some(sequence), &by, &skip.reason)
-                .await
+            let skipped = runtime.skip(&agent, &key, Some(sequence), &by, &skip.reason);
+            skipped.await.map(|sequence| (sequence, "skipped"))
         }
     };
-    run_command(&tenant, key, by, "skipped", command).await
+    run_command(&tenant, key, by, command).await
 }
+
+/// Cancels an input, its key's first unfinished one: a parked input is finished as
+/// `cancelled` at once (200); one that runs, retries or waits for its turn stops at its next
+/// durable call, which is not made, and is then finished as `cancelled` (202, `cancelling`).
+/// Nothing it did is applied (no outputs, no memory writes); who cancelled it and why are in
+/// the key's history, and its key's next input runs.
+#[utoipa::path(post, path = "/v1/tenants/{tenant}/agents/{agent}/keys/{key}/inputs/{sequence}/cancel", tag = "inputs",
+    params(TenantPath, AgentPath, KeyPath, SequencePath),
+    request_body(content = Option<CancelInput>, description = "Optional: why"),
+    responses(
+        (status = 200, description = "Cancelled (it was parked)", body = CommandDone),
+        (status = 202, description = "Cancelling: it stops at its next durable call", body = CommandDone),
+        (status = 400, description = "Not a valid body", body = ErrorBody),
+        (status = 409, description = "`not-cancellable`: not the key's first unfinished input, finished, completing, or stopped by a host fault", body = ErrorBody),
+        (status = 413, description = "`too-large`: a body over 4 KiB", body = ErrorBody),
+        (status = 503, description = "`unavailable`: the tenant's journal failed a write", body = ErrorBody),
+        TenantErrors,
+    ))]
+pub(super) async fn cancel_input(
+    State(state): State<Arc<ServerState>>,
+    Path((tenant, agent, key, sequence)): Path<(String, String, String, u64)>,
+    headers: HeaderMap,
+    body: axum::body::Body,
+) -> Result<(StatusCode, Json<CommandDone>), ApiError> {
+    let (by, runtime, body) = command_request(&state, &headers, &tenant, body, "a cancel").await?;
+    let cancel: CancelInput = optional_body(&body, "{\"reason\": \"...\"}")?;
+    if cancel.reason.chars().count() > MAX_REASON {
+        return Err(ApiError::bad_request(format!(
+            "`reason` must be at most {MAX_REASON} characters"
+        )));
+    }
+    let command = {
+        let (agent, key, by) = (agent.clone(), key.clone(), by.clone());
+        async move {
+            let cancelled = runtime.cancel(&agent, &key, Some(sequence), &by, &cancel.reason);
+            cancelled.await.map(|cancelling| match cancelling {
+                Cancelling::Ended(sequence) => (sequence, "cancelled"),
+                Cancelling::Requested(sequence) => (sequence, CANCELLING),
+            })
+        }
+    };
+    let done = run_command(&tenant, key, by, command).await?;
+    let status = if done.done == CANCELLING {
+        StatusCode::ACCEPTED
+    } else {
+        StatusCode::OK
+    };
+    Ok((status, done))
+}
+
+/// What a command that retries its input did.
+const RETRIED: &str = "retried";
+/// What a cancel of an input that still runs did: asked it to stop.
+const CANCELLING: &str = "cancelling";
 
 /// Records what became of a call of a parked input left in doubt (`in-doubt = "fail"`), as
 /// the operator found out: the remote's answer (`result`), its failure (`error`), or that it
@@ -362,12 +417,25 @@ pub(super) async fn resolve_call(
     let command = {
         let (agent, key, by) = (agent.clone(), key.clone(), by.clone());
         async move {
-            runtime
-                .resolve(&agent, &key, sequence, query.action, call, answer, &by)
-                .await
+            let resolved = runtime.resolve(&agent, &key, sequence, query.action, call, answer, &by);
+            resolved.await.map(|sequence| (sequence, RETRIED))
         }
     };
-    run_command(&tenant, key, by, "retried", command).await
+    run_command(&tenant, key, by, command).await
+}
+
+/// A body that may be left out (or be whitespace or `null`): its default then; else it must
+/// be the `expected` JSON.
+fn optional_body<T: serde::de::DeserializeOwned + Default>(
+    body: &[u8],
+    expected: &str,
+) -> Result<T, ApiError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(T::default());
+    }
+    serde_json::from_slice::<Option<T>>(body)
+        .map(Option::unwrap_or_default)
+        .map_err(|e| ApiError::bad_request(format!("expected {expected}, null or no body: {e}")))
 }
 
 /// An operator's command for `tenant`: who makes it, the tenant's runtime, and its body.
@@ -385,15 +453,14 @@ async fn command_request(
 }
 
 /// Carries out `command` in a task of its own (a client that goes away does not stop it
-/// half way); what it `done` to `key`'s input.
+/// half way): it says which input of `key` it was, and what it did.
 async fn run_command(
     tenant: &str,
     key: String,
     by: String,
-    done: &str,
-    command: impl Future<Output = Result<u64, CommandRefused>> + Send + 'static,
+    command: impl Future<Output = Result<(u64, &'static str), CommandRefused>> + Send + 'static,
 ) -> Result<Json<CommandDone>, ApiError> {
-    let sequence = tokio::spawn(command)
+    let (sequence, done) = tokio::spawn(command)
         .await
         .map_err(|e| ApiError::internal(format!("the command failed: {e}")))?
         .map_err(|e| refused(tenant, e))?;
@@ -430,6 +497,9 @@ fn refused(tenant: &str, error: CommandRefused) -> ApiError {
         }
         CommandRefused::NotParked(_) => {
             ApiError::new(StatusCode::CONFLICT, "not-parked", error.to_string())
+        }
+        CommandRefused::NotCancellable(_) => {
+            ApiError::new(StatusCode::CONFLICT, "not-cancellable", error.to_string())
         }
         CommandRefused::NotInDoubt(_) => {
             ApiError::new(StatusCode::CONFLICT, "not-in-doubt", error.to_string())

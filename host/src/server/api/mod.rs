@@ -73,6 +73,7 @@ fn routes() -> (Router<Arc<ServerState>>, utoipa::openapi::OpenApi) {
         .routes(routes!(inputs::retry_input))
         .routes(routes!(inputs::skip_input))
         .routes(routes!(inputs::resolve_call))
+        .routes(routes!(inputs::cancel_input))
         .split_for_parts()
 }
 

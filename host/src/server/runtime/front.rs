@@ -15,7 +15,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use super::Lifecycle;
 use crate::agent::{Agent, InputError, InputReport, Memory, WrittenIds};
 use crate::event::OutputRecord;
-use crate::keys::{Front, Next, Queued, Refusal};
+use crate::keys::{Ended, Ending, Front, Next, Queued, Refusal};
 use crate::log::{Log, LogError, Offset};
 use crate::server::agents::{Builder, Version, Versions};
 use crate::server::config::TenantPolicy;
@@ -516,22 +516,23 @@ impl Front for Tenant {
 
     async fn stopped(&self, _: &AgentKey, _: &Queued<Entry>, _: &str) {}
 
-    async fn skipped(
+    async fn ended(
         &self,
         key: &AgentKey,
         queued: &Queued<Entry>,
         memory: &Memory,
-        by: &str,
-        why: &str,
+        ending: Ending<'_>,
     ) -> Result<(), String> {
         let sequence = queued.input.sequence;
-        let mut finished = self.finished_record(key, queued, FinishedStatus::Skipped, memory);
-        finished.by = Some(by.to_owned());
-        finished.reason = Some(why.to_owned());
+        let (status, what) = match ending.ended {
+            Ended::Skipped => (FinishedStatus::Skipped, "the input's skip"),
+            Ended::Cancelled => (FinishedStatus::Cancelled, "the input's cancel"),
+        };
+        let mut finished = self.finished_record(key, queued, status, memory);
+        finished.by = Some(ending.by.to_owned());
+        finished.reason = Some(ending.why.to_owned()).filter(|why| !why.is_empty());
         let encoded = self.fit(&mut finished)?;
-        let offset = self
-            .append_input(key, sequence, "the input's skip", encoded)
-            .await?;
+        let offset = self.append_input(key, sequence, what, encoded).await?;
         self.finished(key, sequence, offset).await;
         Ok(())
     }

@@ -30,7 +30,7 @@ use super::quota::{PerMinute, QuotaExceeded};
 use crate::checkpoint;
 use crate::durable::{self, Answer};
 use crate::event::{Input, OutputId, OutputRecord};
-use crate::keys::{CommandError, Head, Keys, Queued};
+use crate::keys::{Cancelling, CommandError, Head, Keys, Queued};
 use crate::log::{FileLog, FileLogOptions, Log, LogError, Recovery};
 use crate::sandbox::Sandbox;
 use crate::state_dir::{StateDirError, incarnation_of};
@@ -163,6 +163,9 @@ pub enum InputStatus {
     Done,
     /// An operator skipped it: its key went on without it; nothing it did was applied.
     Skipped,
+    /// An operator cancelled it: it stopped at its next durable call (not made), or was not
+    /// run again; its key went on without it; nothing it did was applied.
+    Cancelled,
     /// Finished without completing: by builds before retries, or (damaged journals) not
     /// run because two processes accepted it under one sequence.
     Failed,
@@ -173,6 +176,7 @@ impl From<FinishedStatus> for InputStatus {
         match status {
             FinishedStatus::Done => Self::Done,
             FinishedStatus::Skipped => Self::Skipped,
+            FinishedStatus::Cancelled => Self::Cancelled,
             FinishedStatus::Failed => Self::Failed,
         }
     }
@@ -244,7 +248,7 @@ pub struct HistoryEntry {
     /// While it runs or retries: which attempt; parked: how many were made.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub attempts: Option<u32>,
-    /// Skipped: who skipped it, and why.
+    /// Skipped or cancelled: who did, and why.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub by: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -291,6 +295,10 @@ pub enum CommandRefused {
     },
     #[error("{0}")]
     NotParked(CommandError),
+    /// A cancel of an input that is not its key's first unfinished one, or of one a host
+    /// fault stopped, or that completed first.
+    #[error("{0}")]
+    NotCancellable(CommandError),
     /// The answer for a call was refused: the call is not in doubt, or not only in one
     /// action, or the result is not JSON.
     #[error("{0}")]
@@ -303,6 +311,7 @@ impl From<CommandError> for CommandRefused {
     fn from(error: CommandError) -> Self {
         match error {
             CommandError::NotParked { .. } => Self::NotParked(error),
+            CommandError::NotCancellable { .. } => Self::NotCancellable(error),
             CommandError::Record { .. } => Self::Record(error),
             CommandError::Refused { .. } => Self::NotInDoubt(error),
         }
@@ -1013,6 +1022,21 @@ impl TenantRuntime {
     ) -> Result<u64, CommandRefused> {
         let id = self.command_key(agent, key)?;
         Ok(self.keys.skip(&id, sequence, by, why).await?)
+    }
+
+    /// Cancels `key`'s first unfinished input (`sequence`, when given, must be it): ended at
+    /// once when parked, else at its next durable call (which is not made); `by` and `why`
+    /// are recorded with it.
+    pub async fn cancel(
+        &self,
+        agent: &str,
+        key: &str,
+        sequence: Option<u64>,
+        by: &str,
+        why: &str,
+    ) -> Result<Cancelling, CommandRefused> {
+        let id = self.command_key(agent, key)?;
+        Ok(self.keys.cancel(&id, sequence, by, why).await?)
     }
 
     fn command_key(&self, agent: &str, key: &str) -> Result<AgentKey, CommandRefused> {

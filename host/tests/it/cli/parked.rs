@@ -119,11 +119,12 @@ fn inspect(dir: &Path) -> String {
 }
 
 #[test]
-fn a_skip_left_with_no_run_going_is_carried_out_by_the_next_run_and_inspect_shows_it() {
+fn a_skip_or_cancel_left_with_no_run_going_is_carried_out_by_the_next_run_and_inspect_shows_it() {
     let dir = tempfile::tempdir().expect("tempdir");
     let agent = caller_agent(dir.path(), "[retry]\nattempts = 2\ninitial-ms = 1\n");
     let lines = "{\"key\":\"k\",\"payload\":{\"fail\":\"the payload is bad\"}}\n\
-                 {\"key\":\"k\",\"payload\":{}}\n{\"key\":\"k\",\"payload\":{}}\n";
+                 {\"key\":\"k\",\"payload\":{}}\n{\"key\":\"k\",\"payload\":{}}\n\
+                 {\"key\":\"j\",\"payload\":{\"fail\":\"never works\"}}\n";
     let input = write(dir.path(), "in.jsonl", lines);
     let first = run_to_the_end(dir.path(), &agent, &input);
     assert_eq!(first.status.code(), Some(1), "{}", text(&first.stderr));
@@ -153,6 +154,19 @@ fn a_skip_left_with_no_run_going_is_carried_out_by_the_next_run_and_inspect_show
         skip.status.success() && said.contains("left command"),
         "{said}"
     );
+    let cancel = rewind(dir.path())
+        .args([
+            "cancel",
+            "--key",
+            "j",
+            "--by",
+            "carol",
+            "--reason",
+            "withdrawn",
+        ])
+        .output()
+        .expect("cancel runs");
+    assert!(cancel.status.success(), "{}", text(&cancel.stderr));
     let stray = rewind(dir.path())
         .args(["retry", "--key", "nobody", "--by", "bob"])
         .output()
@@ -168,6 +182,10 @@ fn a_skip_left_with_no_run_going_is_carried_out_by_the_next_run_and_inspect_show
     assert!(second.status.success(), "{said}");
     assert!(
         said.contains("operator: skip of key k by alice: done (#1)"),
+        "{said}"
+    );
+    assert!(
+        said.contains("operator: cancel of key j by carol: done (#1)"),
         "{said}"
     );
     assert!(
@@ -196,12 +214,16 @@ fn a_skip_left_with_no_run_going_is_carried_out_by_the_next_run_and_inspect_show
         "{shown}"
     );
     assert!(
+        shown.contains("cancelled: j #1 by carol: withdrawn"),
+        "{shown}"
+    );
+    assert!(
         shown.contains("skip of key k by alice: done (#1)"),
         "{shown}"
     );
     assert!(
-        !shown.contains("input k #"),
-        "nothing of k is unfinished: {shown}"
+        !shown.contains("input k #") && !shown.contains("input j #"),
+        "nothing of k or j is unfinished: {shown}"
     );
 }
 

@@ -1,6 +1,6 @@
 //! Events in (once per event id), outputs out (listed and streamed), and a key's history.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use reqwest::StatusCode;
 use serde_json::{Value, json};
@@ -584,5 +584,89 @@ async fn of_commands_sent_at_once_to_one_parked_input_one_is_carried_out() {
             .iter()
             .all(|(code, body)| *code == StatusCode::OK || body["code"] == "not-parked"),
         "{answers:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_input_stops_at_its_next_call_and_its_history_says_who_cancelled_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (addr, endpoint) = super::Endpoint::gated().await;
+    let server = Server::start(
+        dir.path(),
+        &format!("[tenants.acme]\nallow-hosts = [\"{addr}\"]\n"),
+    )
+    .await;
+    let acme = server.tenant("acme").await;
+    let gate = format!(
+        "[functions.gate]\nkind = \"http\"\nurl = \"http://{addr}/\"\ntimeout-ms = 120000\n\
+         retries = 0\n"
+    );
+    server.deploy("acme", &acme, "bot", "caller", &gate).await;
+    let two_calls = json!({ "calls": [
+        { "function": "gate", "args": { "step": 1 } },
+        { "function": "gate", "args": { "step": 2 } },
+    ] });
+    let (status, body) = server
+        .submit("acme", &acme, "bot", "e1", "k", two_calls)
+        .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    let (status, body) = server
+        .submit("acme", &acme, "bot", "e2", "k", json!({}))
+        .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    let started = Instant::now();
+    while endpoint.count() < 1 {
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "call 0 never came"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (status, body) = server
+        .cancel("acme", &acme, "bot", "k", 2, "not the first")
+        .await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (StatusCode::CONFLICT, Some("not-cancellable")),
+        "{body}"
+    );
+    assert!(
+        body["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("#2 waits behind #1")),
+        "{body}"
+    );
+
+    let (status, body) = server
+        .cancel("acme", &acme, "bot", "k", 1, "the customer withdrew")
+        .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    assert_eq!(body["done"], "cancelling", "{body}");
+    // Call 0 answers; the run's next call is where it stops.
+    endpoint.open(1);
+    let outputs = server.wait_outputs("acme", &acme, 1).await;
+    assert_eq!(outputs[0]["payload"]["sequence"], 2, "{outputs:?}");
+    let history = server.settled_history("acme", &acme, "bot", "k").await;
+    assert_eq!(statuses(&history), ["cancelled", "done"], "{history}");
+    let first = &history["inputs"][0];
+    assert_eq!(first["reason"], "the customer withdrew", "{first}");
+    assert!(
+        first["by"]
+            .as_str()
+            .is_some_and(|by| by.starts_with("tenant token ")),
+        "{first}"
+    );
+    assert_eq!(first["outputs"], 0, "{first}");
+    assert_eq!(
+        endpoint.count(),
+        1,
+        "call 1 came after the cancel: not made"
+    );
+
+    let (status, body) = server.cancel("acme", &acme, "bot", "k", 1, "again").await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (StatusCode::CONFLICT, Some("not-cancellable")),
+        "{body}"
     );
 }

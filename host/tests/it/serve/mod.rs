@@ -204,6 +204,21 @@ impl Server {
         self.command(token, &path, body).await
     }
 
+    /// Cancels the key's input `sequence`, saying why.
+    pub async fn cancel(
+        &self,
+        tenant: &str,
+        token: &str,
+        agent: &str,
+        key: &str,
+        sequence: u64,
+        reason: &str,
+    ) -> (StatusCode, Value) {
+        let path = format!("{tenant}/agents/{agent}/keys/{key}/inputs/{sequence}/cancel");
+        self.command(token, &path, Some(json!({ "reason": reason })))
+            .await
+    }
+
     /// Answers call `call` of the key's parked input `sequence` with `body`.
     #[allow(clippy::too_many_arguments)]
     pub async fn resolve(
@@ -284,7 +299,7 @@ pub fn statuses(history: &Value) -> Vec<String> {
 fn settled(inputs: &[Value]) -> bool {
     let mut parked = false;
     inputs.iter().all(|input| match input["status"].as_str() {
-        Some("done" | "skipped" | "failed") => true,
+        Some("done" | "skipped" | "cancelled" | "failed") => true,
         Some("parked") => {
             parked = true;
             true
@@ -382,18 +397,37 @@ pub async fn wait_outputs(
     }
 }
 
-/// A function endpoint on loopback: answers every POST with `{"n": <count>}` after `delay`,
-/// and keeps each request's headers; `/hop` redirects to `hop_to`.
+/// A function endpoint on loopback: answers every POST with `{"n": <count>}` after `delay`
+/// (a gated one: once [`open`](Self::open)ed for it), and keeps each request's headers;
+/// `/hop` redirects to `hop_to`.
 #[derive(Clone, Default)]
 pub struct Endpoint {
     pub requests: Arc<Mutex<Vec<BTreeMap<String, String>>>>,
     running: Arc<AtomicUsize>,
     pub most_at_once: Arc<AtomicUsize>,
+    gate: Option<Arc<tokio::sync::Semaphore>>,
 }
 
 impl Endpoint {
     pub async fn start(delay: Duration, hop_to: &str) -> (SocketAddr, Self) {
-        let endpoint = Self::default();
+        Self::serve(Self::default(), delay, hop_to).await
+    }
+
+    /// An endpoint that answers a request only once the test opens the gate for it.
+    pub async fn gated() -> (SocketAddr, Self) {
+        let endpoint = Self {
+            gate: Some(Arc::new(tokio::sync::Semaphore::new(0))),
+            ..Self::default()
+        };
+        Self::serve(endpoint, Duration::ZERO, "").await
+    }
+
+    /// Lets `n` more requests of a gated endpoint be answered.
+    pub fn open(&self, n: usize) {
+        self.gate.as_ref().expect("a gated endpoint").add_permits(n);
+    }
+
+    async fn serve(endpoint: Self, delay: Duration, hop_to: &str) -> (SocketAddr, Self) {
         let seen = endpoint.clone();
         let hop_to = hop_to.to_owned();
         let app = axum::Router::new()
@@ -422,6 +456,9 @@ impl Endpoint {
                         requests.len()
                     };
                     tokio::time::sleep(delay).await;
+                    if let Some(gate) = &seen.gate {
+                        gate.acquire().await.expect("the gate stays").forget();
+                    }
                     seen.running.fetch_sub(1, Ordering::SeqCst);
                     axum::Json(json!({ "n": n }))
                 }

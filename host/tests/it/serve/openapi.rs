@@ -27,8 +27,8 @@ async fn every_route_in_the_openapi_document_answers_as_it_documents() {
         .await;
     assert_eq!(status, StatusCode::ACCEPTED);
     server.wait_outputs("acme", &acme, 1).await;
-    // Parked inputs to retry (key r) and skip (key s).
-    for key in ["r", "s"] {
+    // Parked inputs to retry (key r), skip (key s) and cancel (key c).
+    for key in ["r", "s", "c"] {
         let failing = json!({ "fail": "on purpose" });
         let (status, _) = server.submit("acme", &acme, "bot", key, key, failing).await;
         assert_eq!(status, StatusCode::ACCEPTED);
@@ -92,7 +92,9 @@ async fn every_route_in_the_openapi_document_answers_as_it_documents() {
                     request.json(&json!({ "reason": "the test says so" })),
                     acme.as_str(),
                 ),
-                ("POST", path) if path.ends_with("/retry") => (request, acme.as_str()),
+                ("POST", path) if path.ends_with("/retry") || path.ends_with("/cancel") => {
+                    (request, acme.as_str())
+                }
                 ("POST", path) if path.ends_with("/resolve") => (
                     request.json(&json!({ "result": { "n": 1 } })),
                     acme.as_str(),
@@ -124,11 +126,11 @@ async fn every_route_in_the_openapi_document_answers_as_it_documents() {
             exercised += 1;
         }
     }
-    assert_eq!(exercised, 18, "every route of the API is in the document");
+    assert_eq!(exercised, 19, "every route of the API is in the document");
 }
 
-/// The key a route's `{key}` stands for: one with a parked input for a retry, a skip or a
-/// resolve.
+/// The key a route's `{key}` stands for: one with a parked input for a retry, a skip, a
+/// resolve or a cancel.
 fn command_key(path: &str) -> &'static str {
     if path.ends_with("/retry") {
         "r"
@@ -136,6 +138,8 @@ fn command_key(path: &str) -> &'static str {
         "s"
     } else if path.ends_with("/resolve") {
         "v"
+    } else if path.ends_with("/cancel") {
+        "c"
     } else {
         "k"
     }
