@@ -3,9 +3,10 @@
 //!
 //! Partition [`INPUTS`] holds [`InputRecord`]s in the order they were written: an event is
 //! accepted once its `accepted` record is durable; an input is finished (done, or skipped
-//! by an operator) once its `finished` record is. An input parked after its last attempt
-//! has a `parked` record, and an operator's retry of it a `retried` one: a restart keeps it
-//! parked, or runs it. Partition [`OUTPUTS`] holds [`OutputRecord`]s; an output's position is its
+//! or cancelled by an operator) once its `finished` record is. An input parked after its
+//! last attempt has a `parked` record, and an operator's retry of it a `retried` one: a
+//! restart keeps it parked, or runs it. An operator's answer for a call of it in doubt has
+//! a `resolved` record, before the `retried` one that follows it. Partition [`OUTPUTS`] holds [`OutputRecord`]s; an output's position is its
 //! offset + 1, so reading "after position 0" reads them all. An input's outputs are written
 //! with (and before) its `finished` record; a crash between the two leaves outputs of an
 //! unfinished input, which recovery finds so that the rerun does not write them twice.
@@ -34,6 +35,7 @@ pub enum InputRecord {
     Finished(Finished),
     Parked(Parked),
     Retried(Retried),
+    Resolved(Resolved),
 }
 
 /// An event accepted for a key: it becomes that key's `sequence`-th input.
@@ -106,6 +108,22 @@ pub struct Retried {
     pub version: u32,
     pub by: String,
     pub retried_at: u64,
+}
+
+/// An operator's answer for call `call` of `action` of a parked input, left in doubt: what
+/// the remote did (`answer`: `result`, `error` or `not-made`; the answer itself is in the
+/// call's record). For the key's history: a `retried` record follows.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Resolved {
+    pub agent: String,
+    pub key: String,
+    pub sequence: u64,
+    pub event_id: String,
+    pub action: String,
+    pub call: u64,
+    pub answer: String,
+    pub by: String,
+    pub resolved_at: u64,
 }
 
 /// How an input finished, as its `finished` record says. (docs/SEMANTICS.md, "The states

@@ -89,6 +89,9 @@ pub(super) struct KeyLedger {
     /// wrote the journal at once), by the offset of their `accepted` record, with why they
     /// were not run.
     pub damaged: BTreeMap<Offset, String>,
+    /// Operators' retries and answers for calls in doubt: (sequence, offset of `retried`
+    /// or `resolved`), in the order they were recorded.
+    pub commands: Vec<(u64, Offset)>,
     /// Serialises this key's submissions, so that sequences are accepted in order.
     pub intake: Arc<tokio::sync::Mutex<()>>,
 }
@@ -250,7 +253,7 @@ impl Tenant {
     }
 
     /// Appends one record of the inputs partition; its offset.
-    async fn append_input(
+    pub(super) async fn append_input(
         &self,
         key: &AgentKey,
         sequence: u64,
@@ -323,6 +326,13 @@ impl Tenant {
             .forget_input(&self.name, &key.agent, &key.key, sequence);
         if let Some(state) = ledger.keys.get_mut(key) {
             state.finished(sequence, offset);
+        }
+    }
+
+    /// An operator's command on the input `sequence` of `key` is recorded at `offset`.
+    pub(super) fn commanded(&self, key: &AgentKey, sequence: u64, offset: Offset) {
+        if let Some(state) = self.ledger().keys.get_mut(key) {
+            state.commands.push((sequence, offset));
         }
     }
 
@@ -553,9 +563,11 @@ impl Front for Tenant {
             by: by.to_owned(),
             retried_at: journal::now_ms(),
         });
-        self.append_input(key, sequence, "the input's retry", retried.encode())
-            .await
-            .map(drop)
+        let offset = self
+            .append_input(key, sequence, "the input's retry", retried.encode())
+            .await?;
+        self.commanded(key, sequence, offset);
+        Ok(())
     }
 }
 

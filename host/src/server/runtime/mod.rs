@@ -258,6 +258,33 @@ pub struct HistoryEntry {
     pub outputs: u32,
     /// Its action runs, in the order they ran.
     pub actions: Vec<ActionRun>,
+    /// Operators' retries of it, and answers for its calls in doubt, in order (a skip or a
+    /// cancel is its `status`, with `by` and `reason`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub commands: Vec<OperatorCommand>,
+}
+
+/// An operator's retry of an input, or answer for a call of it in doubt, as its history
+/// shows it.
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
+pub struct OperatorCommand {
+    /// `retried` or `resolved`.
+    pub done: &'static str,
+    /// Who: `admin`, or `tenant token tok_…`.
+    pub by: String,
+    /// When, in milliseconds since the Unix epoch.
+    pub at: u64,
+    /// Retried: the agent version it runs on.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub version: Option<u32>,
+    /// Resolved: the action and the call (its index in the action's run), and what the
+    /// operator said the remote did: `result`, `error` or `not-made`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub action: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub call: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub answer: Option<String>,
 }
 
 /// An unfinished input at the head of its key, as a list across keys shows it.
@@ -525,8 +552,18 @@ impl TenantRuntime {
                 let key = AgentKey::new(&record.agent, &record.key);
                 parked.insert((key, record.sequence), (record.attempts, record.error));
             }
+            InputRecord::Resolved(record) => {
+                let key = AgentKey::new(&record.agent, &record.key);
+                if let Some(state) = ledger.keys.get_mut(&key) {
+                    state.commands.push((record.sequence, offset));
+                }
+            }
             InputRecord::Retried(record) => {
-                let key = (AgentKey::new(&record.agent, &record.key), record.sequence);
+                let id = AgentKey::new(&record.agent, &record.key);
+                if let Some(state) = ledger.keys.get_mut(&id) {
+                    state.commands.push((record.sequence, offset));
+                }
+                let key = (id, record.sequence);
                 parked.remove(&key);
                 if let Some(queued) = pending.get_mut(&key) {
                     queued.extra.version = record.version;
@@ -830,7 +867,7 @@ impl TenantRuntime {
     ) -> Result<Option<(Vec<HistoryEntry>, bool)>, JournalError> {
         let tenant = &self.tenant;
         let id = AgentKey::new(agent, key);
-        let (entries, damaged) = {
+        let (entries, damaged, commands) = {
             let ledger = tenant.ledger();
             let Some(state) = ledger.keys.get(&id) else {
                 return Ok(None);
@@ -842,7 +879,16 @@ impl TenantRuntime {
                 .take(limit.saturating_add(1))
                 .cloned()
                 .collect();
-            (page, state.damaged.clone())
+            let commands: Vec<(u64, crate::log::Offset)> = match (page.first(), page.last()) {
+                (Some(first), Some(last)) => state
+                    .commands
+                    .iter()
+                    .filter(|(sequence, _)| (first.0..=last.0).contains(sequence))
+                    .copied()
+                    .collect(),
+                _ => Vec::new(),
+            };
+            (page, state.damaged.clone(), commands)
         };
         let head = self.keys.head(&id);
         let more = entries.len() > limit;
@@ -868,7 +914,33 @@ impl TenantRuntime {
                 finished_at: None,
                 outputs: 0,
                 actions: Vec::new(),
+                commands: Vec::new(),
             };
+            for &(_, offset) in commands.iter().filter(|(s, _)| *s == sequence) {
+                match journal::read_one(&*tenant.journal, INPUTS, offset).await? {
+                    Some(InputRecord::Retried(retried)) => entry.commands.push(OperatorCommand {
+                        done: "retried",
+                        by: retried.by,
+                        at: retried.retried_at,
+                        version: Some(retried.version),
+                        action: None,
+                        call: None,
+                        answer: None,
+                    }),
+                    Some(InputRecord::Resolved(resolved)) => {
+                        entry.commands.push(OperatorCommand {
+                            done: "resolved",
+                            by: resolved.by,
+                            at: resolved.resolved_at,
+                            version: None,
+                            action: Some(resolved.action),
+                            call: Some(resolved.call),
+                            answer: Some(resolved.answer),
+                        });
+                    }
+                    _ => {}
+                }
+            }
             let finished = match finished_at {
                 Some(offset) => match journal::read_one(&*tenant.journal, INPUTS, offset).await? {
                     Some(InputRecord::Finished(finished)) => Some(finished),
@@ -994,15 +1066,40 @@ impl TenantRuntime {
         by: &str,
     ) -> Result<u64, CommandRefused> {
         let id = self.command_key(agent, key)?;
-        let store = Arc::clone(&self.tenant.store);
+        let tenant = Arc::clone(&self.tenant);
         let scope = KeyScope::new(&self.tenant.name, agent, key);
-        let who = by.to_owned();
-        let resolve = |_: Queued<Entry>| async move {
-            let action = action.as_deref();
-            durable::resolve(&*store, &scope, sequence, action, call, &answer, &who)
-                .await
-                .map(drop)
-                .map_err(|e| e.to_string())
+        let (who, of) = (by.to_owned(), id.clone());
+        let resolve = |queued: Queued<Entry>| async move {
+            let resolved = durable::resolve(
+                &*tenant.store,
+                &scope,
+                sequence,
+                action.as_deref(),
+                call,
+                &answer,
+                &who,
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+            // For the history; the answer itself is in the call's record, which the retry
+            // recorded next serves. (Lost in a crash before it, the answer stays.)
+            let record = InputRecord::Resolved(journal::Resolved {
+                agent: of.agent.clone(),
+                key: of.key.clone(),
+                sequence,
+                event_id: queued.extra.event_id,
+                action: resolved.action,
+                call: call as u64,
+                answer: answer.kind().to_owned(),
+                by: who,
+                resolved_at: journal::now_ms(),
+            });
+            let what = "the answer for a call in doubt";
+            let offset = tenant
+                .append_input(&of, sequence, what, record.encode())
+                .await?;
+            tenant.commanded(&of, sequence, offset);
+            Ok(())
         };
         Ok(self
             .keys

@@ -489,6 +489,25 @@ async fn a_parked_input_stays_parked_across_a_restart_and_retried_on_a_newer_ver
     );
     let outputs = server.wait_outputs("acme", &acme, 3).await;
     assert_eq!(outputs.len(), 3, "{outputs:?}");
+
+    // Each retry is in the history, with its version, after a restart too.
+    server.stop().await;
+    let server = Server::start(dir.path(), "").await;
+    let history = server.settled_history("acme", &acme, "bot", "k").await;
+    let retries: Vec<(&Value, &Value)> = history["inputs"][0]["commands"]
+        .as_array()
+        .expect("commands")
+        .iter()
+        .map(|c| (&c["done"], &c["version"]))
+        .collect();
+    assert_eq!(
+        retries,
+        [
+            (&json!("retried"), &json!(1)),
+            (&json!("retried"), &json!(2))
+        ],
+        "{history}"
+    );
 }
 
 #[tokio::test]
@@ -547,6 +566,39 @@ async fn a_call_in_doubt_is_answered_by_an_operator_and_served_without_calling_a
     );
     let history = server.settled_history("acme", &acme, "bot", "k").await;
     assert_eq!(statuses(&history), ["done"], "{history}");
+    // Who answered, for which call, and the retry that followed.
+    let commands: Vec<_> = history["inputs"][0]["commands"]
+        .as_array()
+        .expect("commands")
+        .iter()
+        .map(|c| {
+            assert!(
+                c["by"]
+                    .as_str()
+                    .is_some_and(|by| by.starts_with("tenant token ")),
+                "{c}"
+            );
+            (
+                c["done"].as_str().unwrap_or_default().to_owned(),
+                c["action"].clone(),
+                c["call"].clone(),
+                c["answer"].clone(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        commands,
+        [
+            (
+                "resolved".to_owned(),
+                json!("work"),
+                json!(0),
+                json!("result")
+            ),
+            ("retried".to_owned(), Value::Null, Value::Null, Value::Null),
+        ],
+        "{history}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
