@@ -130,6 +130,13 @@ pub enum CommandsError {
     },
     #[error("{what}: {message}")]
     Invalid { what: String, message: String },
+    /// Where the commands are kept (a cluster's stream) did not answer, or failed.
+    #[error("{what}: {source}")]
+    Remote {
+        what: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> CommandsError + '_ {
@@ -178,39 +185,8 @@ impl CommandDir {
         by: &str,
         verb: Verb,
     ) -> Result<Command, CommandsError> {
-        if key.is_empty() {
-            return Err(invalid("the key", "is empty"));
-        }
-        if let Verb::Skip { reason } | Verb::Cancel { reason } = &verb
-            && reason.len() > MAX_REASON_BYTES
-        {
-            return Err(invalid(
-                "the reason",
-                &format!(
-                    "is {} bytes, over the {MAX_REASON_BYTES} kept",
-                    reason.len()
-                ),
-            ));
-        }
-        let command = Command {
-            format: FORMAT,
-            id: new_id(),
-            key: key.to_owned(),
-            sequence,
-            by: by.to_owned(),
-            verb,
-        };
-        let bytes = serde_json::to_vec_pretty(&command)
-            .map_err(|e| invalid("a command", &e.to_string()))?;
-        if bytes.len() as u64 > MAX_COMMAND_BYTES {
-            return Err(invalid(
-                "the command",
-                &format!(
-                    "is {} bytes, over the {MAX_COMMAND_BYTES} a command may take",
-                    bytes.len()
-                ),
-            ));
-        }
+        let command = Command::new(key, sequence, by, verb)?;
+        let bytes = command.encode()?;
         private::create_private_dir(&self.dir).map_err(io(&self.dir))?;
         let path = self.dir.join(format!("{}.json", command.id));
         private::write(&path, &bytes).map_err(io(&path))?;
@@ -247,12 +223,7 @@ impl CommandDir {
         command: Option<&Command>,
         outcome: &Outcome,
     ) -> Result<(), CommandsError> {
-        let done = Done {
-            id: id.to_owned(),
-            command: command.cloned(),
-            outcome: outcome.clone(),
-            at_ms: now_ms(),
-        };
+        let done = Done::new(id, command, outcome);
         let bytes =
             serde_json::to_vec_pretty(&done).map_err(|e| invalid("a command", &e.to_string()))?;
         let path = self.done_dir().join(format!("{id}.json"));
@@ -341,41 +312,110 @@ fn json_files(dir: &Path) -> Result<Vec<(String, PathBuf)>, CommandsError> {
 }
 
 fn read_command(path: &Path, id: &str) -> Result<Command, CommandsError> {
-    let what = || path.display().to_string();
+    let what = path.display().to_string();
     let size = std::fs::metadata(path).map_err(io(path))?.len();
     if size > MAX_COMMAND_BYTES {
         return Err(invalid(
-            &what(),
+            &what,
             &format!("{size} bytes, over the {MAX_COMMAND_BYTES} a command may take"),
         ));
     }
     let bytes = std::fs::read(path).map_err(io(path))?;
-    let format = serde_json::from_slice::<serde_json::Value>(&bytes)
-        .map_err(|e| invalid(&what(), &format!("not JSON: {e}")))?
-        .get("format")
-        .and_then(serde_json::Value::as_u64);
-    if format != Some(u64::from(FORMAT)) {
-        return Err(invalid(
-            &what(),
-            &format!(
-                "command format {}, where this build reads {FORMAT}: leave it again with \
-                 this build's `rewind retry` or `rewind skip`",
-                format.map_or_else(|| "missing".to_owned(), |f| f.to_string())
-            ),
-        ));
+    Command::decode(&bytes, id, &what)
+}
+
+impl Command {
+    /// A new command for `key` (its input `sequence`, or whichever the verb takes), asked
+    /// by `by`, with a new id; refused, saying why, with an empty key or an overlong
+    /// reason.
+    pub fn new(
+        key: &str,
+        sequence: Option<u64>,
+        by: &str,
+        verb: Verb,
+    ) -> Result<Self, CommandsError> {
+        if key.is_empty() {
+            return Err(invalid("the key", "is empty"));
+        }
+        if let Verb::Skip { reason } | Verb::Cancel { reason } = &verb
+            && reason.len() > MAX_REASON_BYTES
+        {
+            return Err(invalid(
+                "the reason",
+                &format!(
+                    "is {} bytes, over the {MAX_REASON_BYTES} kept",
+                    reason.len()
+                ),
+            ));
+        }
+        Ok(Self {
+            format: FORMAT,
+            id: new_id(),
+            key: key.to_owned(),
+            sequence,
+            by: by.to_owned(),
+            verb,
+        })
     }
-    let command: Command = serde_json::from_slice(&bytes)
-        .map_err(|e| invalid(&what(), &format!("not a command: {e}")))?;
-    if command.id != id {
-        return Err(invalid(
-            &what(),
-            &format!("its id `{}` is not its file's name", command.id),
-        ));
+
+    /// The command as it is left (JSON), refused past [`MAX_COMMAND_BYTES`].
+    pub fn encode(&self) -> Result<Vec<u8>, CommandsError> {
+        let bytes =
+            serde_json::to_vec_pretty(self).map_err(|e| invalid("a command", &e.to_string()))?;
+        if bytes.len() as u64 > MAX_COMMAND_BYTES {
+            return Err(invalid(
+                "the command",
+                &format!(
+                    "is {} bytes, over the {MAX_COMMAND_BYTES} a command may take",
+                    bytes.len()
+                ),
+            ));
+        }
+        Ok(bytes)
     }
-    if command.key.is_empty() {
-        return Err(invalid(&what(), "its key is empty"));
+
+    /// The command `bytes` hold, left under `id` (`what` names where, in errors): of this
+    /// build's format, its id `id`, its key not empty.
+    pub fn decode(bytes: &[u8], id: &str, what: &str) -> Result<Self, CommandsError> {
+        let format = serde_json::from_slice::<serde_json::Value>(bytes)
+            .map_err(|e| invalid(what, &format!("not JSON: {e}")))?
+            .get("format")
+            .and_then(serde_json::Value::as_u64);
+        if format != Some(u64::from(FORMAT)) {
+            return Err(invalid(
+                what,
+                &format!(
+                    "command format {}, where this build reads {FORMAT}: leave it again with \
+                     this build's `rewind retry`, `skip`, `resolve` or `cancel`",
+                    format.map_or_else(|| "missing".to_owned(), |f| f.to_string())
+                ),
+            ));
+        }
+        let command: Self = serde_json::from_slice(bytes)
+            .map_err(|e| invalid(what, &format!("not a command: {e}")))?;
+        if command.id != id {
+            return Err(invalid(
+                what,
+                &format!("its id `{}` is not the one it was left under", command.id),
+            ));
+        }
+        if command.key.is_empty() {
+            return Err(invalid(what, "its key is empty"));
+        }
+        Ok(command)
     }
-    Ok(command)
+}
+
+impl Done {
+    /// `outcome` of the command `id` (`command`, when it could be read), now.
+    pub fn new(id: &str, command: Option<&Command>, outcome: &Outcome) -> Self {
+        Self {
+            id: id.to_owned(),
+            command: command.cloned(),
+            outcome: outcome.clone(),
+            at_ms: now_ms(),
+        }
+    }
 }
 
 fn now_ms() -> u64 {

@@ -12,9 +12,13 @@ use anyhow::Context as _;
 use clap::{Args, Subcommand};
 use rewind_host::agent::AgentFile;
 use rewind_host::agent::input::parse_line;
+use rewind_host::cluster::commands::ClusterCommands;
 use rewind_host::cluster::{self, HostOptions, Layout};
+use rewind_host::commands::Verb;
 use rewind_host::log::{JetStreamLog, NatsAuth, NatsConnect, NatsTls};
 use rewind_host::sandbox::Sandbox;
+
+use super::operator::{self, CancelVerb, ResolveVerb, SkipVerb, Which};
 
 #[derive(Debug, Args)]
 pub struct ClusterArgs {
@@ -79,6 +83,46 @@ enum ClusterCommand {
         #[command(flatten)]
         at: Where,
     },
+    /// Retry a parked input (the host that holds its partition carries it out, or the next
+    /// one to take the partition, which retries every parked input anyway).
+    Retry {
+        /// The agent's name.
+        agent: String,
+        #[command(flatten)]
+        at: Where,
+        #[command(flatten)]
+        which: Which,
+    },
+    /// Skip a parked input, saying why: its key's next input runs.
+    Skip {
+        agent: String,
+        #[command(flatten)]
+        at: Where,
+        #[command(flatten)]
+        which: Which,
+        #[command(flatten)]
+        verb: SkipVerb,
+    },
+    /// Answer a call of a parked input left in doubt, then retry the input.
+    Resolve {
+        agent: String,
+        #[command(flatten)]
+        at: Where,
+        #[command(flatten)]
+        which: Which,
+        #[command(flatten)]
+        verb: ResolveVerb,
+    },
+    /// Cancel a key's first unfinished input: it stops at its next durable call.
+    Cancel {
+        agent: String,
+        #[command(flatten)]
+        at: Where,
+        #[command(flatten)]
+        which: Which,
+        #[command(flatten)]
+        verb: CancelVerb,
+    },
 }
 
 pub async fn cluster(
@@ -127,7 +171,49 @@ pub async fn cluster(
         }
         ClusterCommand::Publish { agent, at, input } => publish(&agent, &at, &input).await,
         ClusterCommand::Outputs { at } => outputs(&at).await,
+        ClusterCommand::Retry { agent, at, which } => {
+            command(&agent, &at, which, Verb::Retry).await
+        }
+        ClusterCommand::Skip {
+            agent,
+            at,
+            which,
+            verb,
+        } => command(&agent, &at, which, verb.verb()?).await,
+        ClusterCommand::Resolve {
+            agent,
+            at,
+            which,
+            verb,
+        } => command(&agent, &at, which, verb.verb()?).await,
+        ClusterCommand::Cancel {
+            agent,
+            at,
+            which,
+            verb,
+        } => command(&agent, &at, which, verb.verb()).await,
     }
+}
+
+/// Leaves `verb` for `which` input of `agent`, for the host that holds its partition.
+async fn command(agent: &str, at: &Where, which: Which, verb: Verb) -> anyhow::Result<ExitCode> {
+    let context = async_nats::jetstream::new(at.connect()?.connect().await?);
+    let layout = Layout::load(&context, &at.prefix).await?;
+    layout.check_runs(&context, &at.tenant, agent).await?;
+    let commands = ClusterCommands::open(&context, &layout, &at.tenant, agent).await?;
+    let command = commands
+        .submit(which.key(), which.sequence(), &which.by(), verb)
+        .await?;
+    let left = format!(
+        "the host that holds the key's partition of cluster `{}` carries it out within a \
+         second, or the next one to take the partition does",
+        at.prefix
+    );
+    let nobody = "no host holds the key's partition (the next one carries it out)";
+    operator::wait(&command, which.wait(), &left, nobody, || async {
+        Ok(commands.outcome(&command.id).await?)
+    })
+    .await
 }
 
 /// Credentials and TLS for NATS. Secrets come from the environment only (a command line is

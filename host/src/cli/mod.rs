@@ -62,7 +62,7 @@ enum Command {
     Serve(serve::ServeArgs),
     /// Share an agent's partitions among hosts over NATS JetStream; publish inputs to them
     /// and read their outputs.
-    Cluster(cluster::ClusterArgs),
+    Cluster(Box<cluster::ClusterArgs>),
 }
 
 pub fn init_tracing(verbose: u8) {
@@ -151,7 +151,7 @@ pub async fn main(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Cancel(args) => operator::cancel(args).await,
         Command::Test(args) => test::test(args, cli.cache_dir.clone(), cli.verbose > 0).await,
         Command::Serve(args) => serve::serve(args, sandbox()?).await,
-        Command::Cluster(args) => cluster::cluster(args, || Ok(sandbox()?)).await,
+        Command::Cluster(args) => cluster::cluster(*args, || Ok(sandbox()?)).await,
     }
 }
 

@@ -6,16 +6,13 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
-use rewind_host::commands::{CallAnswer, Command, CommandDir, Outcome, Verb};
+use rewind_host::commands::{CallAnswer, Command, CommandDir, Done, Outcome, Verb};
 
 use super::state;
 
-/// Which parked input, of which state.
+/// Which input a command is for, who asks, and whether to wait for its outcome.
 #[derive(Debug, clap::Args)]
-pub struct Target {
-    /// The state directory a run writes.
-    #[arg(long, default_value = ".rewind")]
-    state: PathBuf,
+pub struct Which {
     /// The key whose input it is (its parked one; for a cancel, its first unfinished one).
     #[arg(long)]
     key: String,
@@ -25,10 +22,41 @@ pub struct Target {
     /// Who asks, recorded with the command (default: $USER).
     #[arg(long)]
     by: Option<String>,
-    /// Wait up to this many seconds for a run to carry the command out, and say how it
+    /// Wait up to this many seconds for the command to be carried out, and say how it
     /// went (default: leave it and return).
     #[arg(long, value_name = "SECONDS")]
     wait: Option<u64>,
+}
+
+impl Which {
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    pub fn sequence(&self) -> Option<u64> {
+        self.sequence
+    }
+
+    pub fn wait(&self) -> Option<u64> {
+        self.wait
+    }
+
+    pub fn by(&self) -> String {
+        self.by.clone().unwrap_or_else(|| {
+            std::env::var("USER")
+                .map_or_else(|_| "operator".to_owned(), |user| format!("user {user}"))
+        })
+    }
+}
+
+/// A state directory's input.
+#[derive(Debug, clap::Args)]
+pub struct Target {
+    /// The state directory a run writes.
+    #[arg(long, default_value = ".rewind")]
+    state: PathBuf,
+    #[command(flatten)]
+    which: Which,
 }
 
 #[derive(Debug, clap::Args)]
@@ -41,25 +69,62 @@ pub struct RetryArgs {
 pub struct SkipArgs {
     #[command(flatten)]
     target: Target,
+    #[command(flatten)]
+    verb: SkipVerb,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct SkipVerb {
     /// Why it is skipped, kept in the state's history.
     #[arg(long)]
     reason: String,
+}
+
+impl SkipVerb {
+    pub fn verb(self) -> anyhow::Result<Verb> {
+        if self.reason.trim().is_empty() {
+            bail!("--reason is empty: say why the input is skipped; it is kept in the history");
+        }
+        Ok(Verb::Skip {
+            reason: self.reason,
+        })
+    }
 }
 
 #[derive(Debug, clap::Args)]
 pub struct CancelArgs {
     #[command(flatten)]
     target: Target,
+    #[command(flatten)]
+    verb: CancelVerb,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct CancelVerb {
     /// Why it is cancelled, kept in the state's history.
     #[arg(long, default_value = "")]
     reason: String,
 }
 
+impl CancelVerb {
+    pub fn verb(self) -> Verb {
+        Verb::Cancel {
+            reason: self.reason,
+        }
+    }
+}
+
 #[derive(Debug, clap::Args)]
-#[command(group(clap::ArgGroup::new("answer").required(true).args(["result", "error", "not_made"])))]
 pub struct ResolveArgs {
     #[command(flatten)]
     target: Target,
+    #[command(flatten)]
+    verb: ResolveVerb,
+}
+
+#[derive(Debug, clap::Args)]
+#[command(group(clap::ArgGroup::new("answer").required(true).args(["result", "error", "not_made"])))]
+pub struct ResolveVerb {
     /// The call's index in its action's run, from 0 (`rewind inspect` lists them as
     /// `call N`).
     #[arg(long)]
@@ -79,22 +144,27 @@ pub struct ResolveArgs {
     not_made: bool,
 }
 
+impl ResolveVerb {
+    pub fn verb(self) -> anyhow::Result<Verb> {
+        let answer = match (self.result, self.error) {
+            (Some(result), _) => {
+                serde_json::from_str::<serde_json::Value>(&result)
+                    .with_context(|| format!("--result is not JSON: {result}"))?;
+                CallAnswer::Result(result)
+            }
+            (None, Some(error)) => CallAnswer::Error(error),
+            (None, None) => CallAnswer::NotMade,
+        };
+        Ok(Verb::Resolve {
+            call: self.call,
+            action: self.action,
+            answer,
+        })
+    }
+}
+
 pub async fn resolve(args: ResolveArgs) -> anyhow::Result<ExitCode> {
-    let answer = match (args.result, args.error) {
-        (Some(result), _) => {
-            serde_json::from_str::<serde_json::Value>(&result)
-                .with_context(|| format!("--result is not JSON: {result}"))?;
-            CallAnswer::Result(result)
-        }
-        (None, Some(error)) => CallAnswer::Error(error),
-        (None, None) => CallAnswer::NotMade,
-    };
-    let verb = Verb::Resolve {
-        call: args.call,
-        action: args.action,
-        answer,
-    };
-    leave(args.target, verb).await
+    leave(args.target, args.verb.verb()?).await
 }
 
 pub async fn retry(args: RetryArgs) -> anyhow::Result<ExitCode> {
@@ -102,75 +172,70 @@ pub async fn retry(args: RetryArgs) -> anyhow::Result<ExitCode> {
 }
 
 pub async fn skip(args: SkipArgs) -> anyhow::Result<ExitCode> {
-    if args.reason.trim().is_empty() {
-        bail!("--reason is empty: say why the input is skipped; it is kept in the history");
-    }
-    leave(
-        args.target,
-        Verb::Skip {
-            reason: args.reason,
-        },
-    )
-    .await
+    leave(args.target, args.verb.verb()?).await
 }
 
 pub async fn cancel(args: CancelArgs) -> anyhow::Result<ExitCode> {
-    leave(
-        args.target,
-        Verb::Cancel {
-            reason: args.reason,
-        },
-    )
-    .await
+    leave(args.target, args.verb.verb()).await
 }
 
 async fn leave(target: Target, verb: Verb) -> anyhow::Result<ExitCode> {
+    let state = target.state.display();
     if !state::log_dir(&target.state).is_dir() {
-        bail!(
-            "{} holds no state: run `rewind run --state {}` first",
-            target.state.display(),
-            target.state.display()
-        );
+        bail!("{state} holds no state: run `rewind run --state {state}` first");
     }
-    let by = target.by.clone().unwrap_or_else(|| {
-        std::env::var("USER").map_or_else(|_| "operator".to_owned(), |user| format!("user {user}"))
-    });
+    let which = &target.which;
     let commands = CommandDir::of(&target.state);
     let command = commands
-        .submit(&target.key, target.sequence, &by, verb)
-        .with_context(|| format!("leaving the command in {}", target.state.display()))?;
-    let Some(seconds) = target.wait else {
+        .submit(&which.key, which.sequence, &which.by(), verb)
+        .with_context(|| format!("leaving the command in {state}"))?;
+    let left = format!(
+        "the `rewind run` that holds {state} carries it out within a second, or the next one \
+         does; `rewind inspect --state {state}` shows what came of it"
+    );
+    let nobody = format!("no run holds {state} (the next one carries it out)");
+    wait(&command, which.wait, &left, &nobody, || async {
+        Ok(commands.outcome(&command.id)?)
+    })
+    .await
+}
+
+/// Says where `command` was left (`left`), or, with `wait`, waits up to that many seconds
+/// for its `outcome` and says what came of it (`nobody`: why it may not have come).
+pub async fn wait<F: Future<Output = anyhow::Result<Option<Done>>>>(
+    command: &Command,
+    wait: Option<u64>,
+    left: &str,
+    nobody: &str,
+    outcome: impl Fn() -> F,
+) -> anyhow::Result<ExitCode> {
+    let Some(seconds) = wait else {
         eprintln!(
-            "left command {} ({}); the `rewind run` that holds {} carries it out within a \
-             second, or the next one does; `rewind inspect --state {}` shows what came of it",
+            "left command {} ({}); {left}",
             command.id,
-            describe(&command),
-            target.state.display(),
-            target.state.display()
+            describe(command)
         );
         return Ok(ExitCode::SUCCESS);
     };
     let deadline = Instant::now() + Duration::from_secs(seconds);
     loop {
-        if let Some(done) = commands.outcome(&command.id)? {
+        if let Some(done) = outcome().await? {
             return Ok(match done.outcome {
                 Outcome::Applied { sequence } => {
-                    eprintln!("{}: done (#{sequence})", describe(&command));
+                    eprintln!("{}: done (#{sequence})", describe(command));
                     ExitCode::SUCCESS
                 }
                 Outcome::Refused { error } => {
-                    eprintln!("{}: refused: {error}", describe(&command));
+                    eprintln!("{}: refused: {error}", describe(command));
                     ExitCode::FAILURE
                 }
             });
         }
         if Instant::now() >= deadline {
             eprintln!(
-                "command {} ({}) not carried out in {seconds} s: no run holds {} (the next \
-                 one carries it out)",
+                "command {} ({}) not carried out in {seconds} s: {nobody}",
                 command.id,
-                describe(&command),
-                target.state.display()
+                describe(command),
             );
             return Ok(ExitCode::FAILURE);
         }

@@ -14,6 +14,7 @@
 //! free and expired ones. The state, output and checkpoint streams of a partition are
 //! fenced by its lease: a host that lost it cannot write to them any more.
 
+pub mod commands;
 mod error;
 pub mod events;
 pub mod inputs;
@@ -37,6 +38,7 @@ use crate::keys::Summary;
 use crate::log::jetstream::{RETRY_FOR, backoff};
 use crate::sandbox::Sandbox;
 use crate::store::Incarnation;
+use commands::ClusterCommands;
 pub use error::ClusterError;
 use error::ensure;
 use events::Events;
@@ -346,11 +348,14 @@ pub async fn run_host(
         .await?;
     leases.runs(&options.tenant, &file.config.name).await?;
     let events = Events::open(&context, &layout).await?;
+    let commands =
+        ClusterCommands::open(&context, &layout, &options.tenant, &file.config.name).await?;
     let partition = PartitionContext {
         context,
         layout: layout.clone(),
         incarnation,
         events,
+        commands,
         tenant: options.tenant.clone(),
         file,
         sandbox,

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use async_nats::jetstream;
 use futures_util::StreamExt as _;
 
+use super::commands::ClusterCommands;
 use super::error::ClusterError;
 use super::events::Events;
 use super::lease::Lease;
@@ -47,6 +48,8 @@ pub struct PartitionContext {
     pub incarnation: Incarnation,
     /// The event ids the cluster has accepted.
     pub events: Events,
+    /// Operators' commands on the agent's inputs.
+    pub commands: ClusterCommands,
     pub tenant: String,
     pub file: AgentFile,
     pub sandbox: Arc<Sandbox>,
@@ -149,10 +152,11 @@ pub async fn run(
             )),
         ],
     );
+    let commands = partition.commands.of_partition(number);
     let options = RunOptions {
         checkpointing: Some(&checkpointing),
         resume: latest.as_ref(),
-        commands: None,
+        commands: Some(&commands),
     };
     let summary = run_inputs(agent, Box::pin(lines), &mut sink, &(), options)
         .await

@@ -844,13 +844,10 @@ async fn attempts<F: Front>(
                 () = tokio::time::sleep(after) => continue,
             }
         }
-        tracing::error!(tenant = %labels.0, agent = labels.1, key = %key, sequence,
-            attempts = attempt, "input parked after its last attempt; its key's later \
-            inputs wait for an operator to retry or skip it: {message}");
         let parked = Head::Parked {
             sequence,
             attempts: attempt,
-            error: message,
+            error: message.clone(),
         };
         // Stalled from now on (a front end that waits for its inputs to finish or stall
         // counts on that once it hears of the park), but shown as parked, and taking
@@ -859,15 +856,21 @@ async fn attempts<F: Front>(
         set_head(shared, key, parked, false);
         let next = Next::Parked { attempts: attempt };
         front.failed(key, queued, report, error, next).await;
-        let mut table = shared.lock();
-        let Some(state) = table.keys.get_mut(key) else {
-            return Attempts::Over;
-        };
-        // A cancel that came while the park was recorded ends it now.
-        if state.cancelled.is_some() {
-            return Attempts::Cancelled;
+        {
+            let mut table = shared.lock();
+            let Some(state) = table.keys.get_mut(key) else {
+                return Attempts::Over;
+            };
+            // A cancel that came while the park was recorded ends it now.
+            if state.cancelled.is_some() {
+                return Attempts::Cancelled;
+            }
+            state.working = false;
         }
-        state.working = false;
+        // Once it takes commands, so that an operator who reads this can act on it.
+        tracing::error!(tenant = %labels.0, agent = labels.1, key = %key, sequence,
+            attempts = attempt, "input parked after its last attempt; its key's later \
+            inputs wait for an operator to retry, skip or cancel it: {message}");
         return Attempts::Over;
     }
 }

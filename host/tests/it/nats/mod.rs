@@ -164,6 +164,7 @@ mod cluster;
 mod group_commit;
 mod leases;
 mod many_keys;
+mod operator;
 mod publish;
 mod secure;
 mod startup;
