@@ -21,14 +21,17 @@ use tokio_util::sync::CancellationToken;
 
 pub use retry::delay;
 pub use stream::{
-    Checkpointing, FAILED_CHECKPOINTS_TO_STOP, Progress, Retention, RunOptions, Summary,
-    WaitingInputs, run_inputs,
+    CheckpointFailed, Checkpointing, CheckpointsFailing, FAILED_CHECKPOINTS_TO_STOP, Progress,
+    Retention, RunOptions, Summary, WaitingInputs, run_inputs,
 };
 
 use crate::agent::{Agent, InputError, InputReport, Memory};
 pub use crate::checkpoint::Ended;
 use crate::event::Input;
 use crate::text;
+
+/// Any error, as what an operator's command does first may fail with.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// What names a key to its front end: the key alone for one agent, or with its agent.
 pub trait KeyId: Clone + Eq + Hash + fmt::Debug + fmt::Display + Send + Sync + 'static {}
@@ -77,7 +80,31 @@ pub enum Refusal {
     /// The input fails (it produced more than the front end takes): retried, then parked.
     Failed(InputError),
     /// The host could not record it (its log failed): the key stops, the input stays.
-    Fault(String),
+    Fault(HostFault),
+}
+
+/// A fault of the host, not of an input (its log did not take a write, a version of its
+/// agent cannot be loaded): it never finishes or parks the input, and stops its key until
+/// the host recovers.
+#[derive(Debug, thiserror::Error)]
+#[error("{what}: {source}")]
+pub struct HostFault {
+    /// What could not be done.
+    pub what: String,
+    #[source]
+    pub source: Box<dyn std::error::Error + Send + Sync>,
+}
+
+impl HostFault {
+    pub fn new(
+        what: impl Into<String>,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Self {
+        Self {
+            what: what.into(),
+            source: source.into(),
+        }
+    }
 }
 
 /// Where a front end records progress, and what it gives the core to run inputs with.
@@ -98,7 +125,7 @@ pub trait Front: Send + Sync + 'static {
         &self,
         key: &Self::Key,
         input: &Queued<Self::Extra>,
-    ) -> Result<Arc<Agent>, String>;
+    ) -> Result<Arc<Agent>, HostFault>;
 
     /// `input` completed: records its outputs and the key's memory after it (in
     /// `report`), durably or by handing them on. Until this returns, the key's next input
@@ -122,7 +149,7 @@ pub trait Front: Send + Sync + 'static {
     );
 
     /// A host fault stopped the key: `input` stays first in its queue, not finished.
-    async fn stopped(&self, key: &Self::Key, input: &Queued<Self::Extra>, fault: &str);
+    async fn stopped(&self, key: &Self::Key, input: &Queued<Self::Extra>, fault: &HostFault);
 
     /// An operator ended `input` without completing it (skipped it parked, or cancelled
     /// it): records that durably, with the key's `memory` (as the input before it left it:
@@ -134,7 +161,7 @@ pub trait Front: Send + Sync + 'static {
         input: &Queued<Self::Extra>,
         memory: &Memory,
         ending: Ending<'_>,
-    ) -> Result<(), String>;
+    ) -> Result<(), HostFault>;
 
     /// An operator retries the parked `input` (its `extra` as the retry has it, a newer
     /// version for instance): records that durably, so that a restart runs it rather than
@@ -144,7 +171,7 @@ pub trait Front: Send + Sync + 'static {
         key: &Self::Key,
         input: &Queued<Self::Extra>,
         by: &str,
-    ) -> Result<(), String>;
+    ) -> Result<(), HostFault>;
 }
 
 /// Where a key's first unfinished input stands.
@@ -193,23 +220,27 @@ pub struct KeyHead<K, X> {
 }
 
 /// Why an operator command was refused.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Debug, thiserror::Error)]
 pub enum CommandError {
     #[error("key {key} has no parked input{}", sequence.map(|s| format!(" #{s}")).unwrap_or_default())]
     NotParked { key: String, sequence: Option<u64> },
     /// A cancel that cannot be carried out, and why.
     #[error("key {key}: {why}")]
     NotCancellable { key: String, why: String },
-    /// What was to be done before the retry was refused (an answer for a call that is not
-    /// in doubt, say).
+    /// What was to be done before the retry failed: it was refused (an answer for a call
+    /// that is not in doubt, say), or could not be recorded (a [`HostFault`]).
     #[error("{error}")]
-    Refused { error: String },
-    #[error("recording the {what} of {key} #{sequence}: {error}")]
+    Refused {
+        #[source]
+        error: BoxError,
+    },
+    #[error("recording the {what} of {key} #{sequence}: {fault}")]
     Record {
         what: &'static str,
         key: String,
         sequence: u64,
-        error: String,
+        #[source]
+        fault: HostFault,
     },
 }
 
@@ -470,7 +501,7 @@ impl<F: Front> Keys<F> {
         first: impl FnOnce(Queued<F::Extra>) -> Fut + Send,
     ) -> Result<u64, CommandError>
     where
-        Fut: Future<Output = Result<(), String>> + Send,
+        Fut: Future<Output = Result<(), BoxError>> + Send,
     {
         self.run_again(key, sequence, by, |_| {}, first).await
     }
@@ -484,7 +515,7 @@ impl<F: Front> Keys<F> {
         first: impl FnOnce(Queued<F::Extra>) -> Fut + Send,
     ) -> Result<u64, CommandError>
     where
-        Fut: Future<Output = Result<(), String>> + Send,
+        Fut: Future<Output = Result<(), BoxError>> + Send,
     {
         let (mut parked, _) = self.claim(key, sequence)?;
         let retried = parked.input.sequence;
@@ -493,13 +524,13 @@ impl<F: Front> Keys<F> {
             return Err(CommandError::Refused { error });
         }
         change(&mut parked);
-        if let Err(error) = self.shared.front.retried(key, &parked, by).await {
+        if let Err(fault) = self.shared.front.retried(key, &parked, by).await {
             self.release(key);
             return Err(CommandError::Record {
                 what: "retry",
                 key: key.to_string(),
                 sequence: retried,
-                error,
+                fault,
             });
         }
         tracing::warn!(key = %key, sequence = retried, by, "an operator retries the parked input");
@@ -613,13 +644,13 @@ impl<F: Front> Keys<F> {
         let (parked, memory) = self.claim(key, sequence)?;
         let ended = parked.input.sequence;
         let recorded = self.shared.front.ended(key, &parked, &memory, ending);
-        if let Err(error) = recorded.await {
+        if let Err(fault) = recorded.await {
             self.release(key);
             return Err(CommandError::Record {
                 what: ending.ended.name(),
                 key: key.to_string(),
                 sequence: ended,
-                error,
+                fault,
             });
         }
         tracing::warn!(key = %key, sequence = ended, by = ending.by, why = ending.why,
@@ -813,7 +844,7 @@ async fn attempts<F: Front>(
             }
             Some(error) if error.is_host_fault() => {
                 drop(slot);
-                stop(shared, key, queued, error.to_string()).await;
+                stop(shared, key, queued, HostFault::new("the run", error)).await;
                 return Attempts::Over;
             }
             Some(error) => {
@@ -948,14 +979,14 @@ async fn stop<F: Front>(
     shared: &Shared<F>,
     key: &F::Key,
     queued: &Queued<F::Extra>,
-    fault: String,
+    fault: HostFault,
 ) {
     let sequence = queued.input.sequence;
     tracing::error!(key = %key, sequence, "a host fault stops the key until the host recovers \
         (the input is not finished, and runs again then): {fault}");
     let head = Head::Stopped {
         sequence,
-        fault: fault.clone(),
+        fault: fault.to_string(),
     };
     set_head(shared, key, head, true);
     shared.front.stopped(key, queued, &fault).await;

@@ -9,18 +9,22 @@ use async_trait::async_trait;
 use futures_util::{Stream, StreamExt as _};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 
-use super::{Cancelling, Ended, Ending, Front, Head, Keys, Next, Queued, Refusal};
+use super::{
+    BoxError, Cancelling, Ended, Ending, Front, Head, HostFault, Keys, Next, Queued, Refusal,
+};
 use crate::agent::input::{InputLine, LineError};
 use crate::agent::output::OutputSink;
 use crate::agent::{Agent, InputError, InputReport, Memory, StateConfig};
 use crate::checkpoint::{
-    Checkpoint, CheckpointId, CheckpointStore, KeyProgress, ParkedInput, PendingInput, SkippedInput,
+    Checkpoint, CheckpointError, CheckpointId, CheckpointStore, KeyProgress, ParkedInput,
+    PendingInput, SkippedInput,
 };
 use crate::commands::{CallAnswer, Command, CommandQueue, Outcome, Verb};
 use crate::crash::{self, CrashPoint};
 use crate::durable::{self, Answer, CallStats, CallsByFunction};
 use crate::event::Input;
 use crate::log::Log;
+use crate::store::StoreError;
 use crate::text;
 
 /// Told as inputs are accepted and finished (a progress bar, for instance).
@@ -311,6 +315,31 @@ async fn tick(poll: &mut Option<tokio::time::Interval>) {
     }
 }
 
+/// Why a checkpoint was not taken (the previous one stays valid).
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointFailed {
+    #[error("the outputs are not durable: {0}")]
+    Outputs(#[source] std::io::Error),
+    #[error("the store gave no marker: {0}")]
+    Marker(#[source] StoreError),
+    #[error("{0}")]
+    Save(#[source] CheckpointError),
+}
+
+/// The error a run stops with after [`FAILED_CHECKPOINTS_TO_STOP`] failed checkpoints in a
+/// row (inside the `std::io::Error` it returns).
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "{FAILED_CHECKPOINTS_TO_STOP} checkpoints in a row failed, the last ({id}) with: {last}; \
+     stopping, since without checkpoints nothing is pruned and the logs only grow (the \
+     previous checkpoint stays valid)"
+)]
+pub struct CheckpointsFailing {
+    pub id: CheckpointId,
+    #[source]
+    pub last: CheckpointFailed,
+}
+
 /// What the keys report to the run, in the order it happened per key.
 enum Done {
     Completed(Input, InputReport),
@@ -343,7 +372,7 @@ impl Front for StreamFront {
         Arc::clone(&self.permits).acquire_owned().await.ok()
     }
 
-    async fn agent(&self, _: &String, _: &Queued<()>) -> Result<Arc<Agent>, String> {
+    async fn agent(&self, _: &String, _: &Queued<()>) -> Result<Arc<Agent>, HostFault> {
         Ok(Arc::clone(&self.agent))
     }
 
@@ -373,10 +402,10 @@ impl Front for StreamFront {
             .send(Done::Failed(queued.input.clone(), report, error, next));
     }
 
-    async fn stopped(&self, _: &String, queued: &Queued<()>, fault: &str) {
+    async fn stopped(&self, _: &String, queued: &Queued<()>, fault: &HostFault) {
         let _ = self
             .done
-            .send(Done::Stopped(queued.input.clone(), fault.to_owned()));
+            .send(Done::Stopped(queued.input.clone(), fault.to_string()));
     }
 
     /// The run's loop records it in a checkpoint taken at once, before it says the
@@ -388,7 +417,7 @@ impl Front for StreamFront {
         queued: &Queued<()>,
         _: &Memory,
         ending: Ending<'_>,
-    ) -> Result<(), String> {
+    ) -> Result<(), HostFault> {
         let _ = self.done.send(Done::Ended {
             input: queued.input.clone(),
             ended: ending.ended,
@@ -399,7 +428,7 @@ impl Front for StreamFront {
     }
 
     /// Nothing to record: a run started on the state retries every parked input anyway.
-    async fn retried(&self, _: &String, _: &Queued<()>, _: &str) -> Result<(), String> {
+    async fn retried(&self, _: &String, _: &Queued<()>, _: &str) -> Result<(), HostFault> {
         Ok(())
     }
 }
@@ -560,7 +589,7 @@ impl<S: OutputSink> Run<'_, S> {
                     durable::resolve(&*store, &scope, sequence, action, call, &answer, &by)
                         .await
                         .map(drop)
-                        .map_err(|e| e.to_string())
+                        .map_err(BoxError::from)
                 };
                 let retried = self
                     .keys
@@ -748,11 +777,10 @@ impl<S: OutputSink> Run<'_, S> {
                 if self.failed_checkpoints < FAILED_CHECKPOINTS_TO_STOP {
                     return Ok(());
                 }
-                Err(std::io::Error::other(format!(
-                    "{FAILED_CHECKPOINTS_TO_STOP} checkpoints in a row failed, the last \
-                     ({id}) with: {error}; stopping, since without checkpoints nothing is \
-                     pruned and the logs only grow (the previous checkpoint stays valid)"
-                )))
+                Err(std::io::Error::other(CheckpointsFailing {
+                    id,
+                    last: error,
+                }))
             }
         }
     }
@@ -761,7 +789,7 @@ impl<S: OutputSink> Run<'_, S> {
     async fn try_checkpoint(
         &mut self,
         checkpointing: &Checkpointing,
-    ) -> Result<Checkpoint, String> {
+    ) -> Result<Checkpoint, CheckpointFailed> {
         self.since_checkpoint = (0, Instant::now());
         self.changed = false;
         // The cut: taken while intake waits (this task is the intake). In-flight inputs go
@@ -794,14 +822,13 @@ impl<S: OutputSink> Run<'_, S> {
             Ok(()) => self.sink.position().await,
             Err(e) => Err(e),
         };
-        let output_position =
-            output_position.map_err(|e| format!("the outputs are not durable: {e}"))?;
+        let output_position = output_position.map_err(CheckpointFailed::Outputs)?;
         let marker = self
             .agent
             .store()
             .marker()
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(CheckpointFailed::Marker)?;
         let checkpoint = Checkpoint {
             id,
             input_position: self.tracker.position,
@@ -815,7 +842,7 @@ impl<S: OutputSink> Run<'_, S> {
             .store
             .save(&checkpoint, checkpointing.keep)
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(CheckpointFailed::Save)?;
         Ok(checkpoint)
     }
 

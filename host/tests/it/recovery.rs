@@ -394,4 +394,13 @@ async fn checkpoints_failing_in_a_row_stop_the_run_naming_the_cause() {
         message.contains("5 checkpoints in a row failed") && message.contains("too small"),
         "{message}"
     );
+    // Typed to its cause: the checkpoint store's error, kept as the source.
+    let failing = error
+        .get_ref()
+        .and_then(|e| e.downcast_ref::<rewind_host::keys::CheckpointsFailing>())
+        .expect("the run's error is the checkpoints failing");
+    assert!(
+        matches!(failing.last, rewind_host::keys::CheckpointFailed::Save(_)),
+        "{failing:?}"
+    );
 }

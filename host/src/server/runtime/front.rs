@@ -15,7 +15,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use super::Lifecycle;
 use crate::agent::{Agent, InputError, InputReport, Memory, WrittenIds};
 use crate::event::OutputRecord;
-use crate::keys::{Ended, Ending, Front, Next, Queued, Refusal};
+use crate::keys::{Ended, Ending, Front, HostFault, Next, Queued, Refusal};
 use crate::log::{Log, LogError, Offset};
 use crate::server::agents::{Builder, Version, Versions};
 use crate::server::config::TenantPolicy;
@@ -241,14 +241,14 @@ impl Tenant {
         sequence: u64,
         what: &str,
         records: Vec<(u32, Vec<u8>)>,
-    ) -> Result<Vec<Offset>, String> {
+    ) -> Result<Vec<Offset>, HostFault> {
         let bytes = records.iter().map(|(_, r)| r.len() as u64).sum();
         match self.journal.append_many(records).await {
             Ok(offsets) => {
                 self.note_stored(bytes);
                 Ok(offsets)
             }
-            Err(error) => Err(self.journal_failed(key, sequence, what, &error)),
+            Err(error) => Err(self.journal_failed(key, sequence, what, error)),
         }
     }
 
@@ -259,7 +259,7 @@ impl Tenant {
         sequence: u64,
         what: &str,
         record: Vec<u8>,
-    ) -> Result<Offset, String> {
+    ) -> Result<Offset, HostFault> {
         let offsets = self
             .append(key, sequence, what, vec![(INPUTS, record)])
             .await?;
@@ -273,10 +273,10 @@ impl Tenant {
         key: &AgentKey,
         sequence: u64,
         what: &str,
-        error: &LogError,
-    ) -> String {
+        error: LogError,
+    ) -> HostFault {
         self.broken.store(true, Ordering::SeqCst);
-        let fault = format!("the journal did not take {what}: {error}");
+        let fault = HostFault::new(format!("the journal did not take {what}"), error);
         if !self.lifecycle.stopping() {
             tracing::error!(tenant = %self.name, agent = %key.agent, key = %key.key, sequence,
                 "{fault}; the tenant stops until a restart");
@@ -413,13 +413,18 @@ impl Front for Tenant {
         })
     }
 
-    async fn agent(&self, key: &AgentKey, queued: &Queued<Entry>) -> Result<Arc<Agent>, String> {
+    async fn agent(&self, key: &AgentKey, queued: &Queued<Entry>) -> Result<Arc<Agent>, HostFault> {
         if self.is_broken() {
-            return Err(BROKEN.to_owned());
+            return Err(HostFault::new("the tenant stopped", BROKEN));
         }
         // Not failed: the operator can fix what the version needs (a secret, a host) and
         // restart; its recorded calls wait for it.
-        self.agent_version(&key.agent, queued.extra.version).await
+        let version = queued.extra.version;
+        self.agent_version(&key.agent, version)
+            .await
+            .map_err(|error| {
+                HostFault::new(format!("loading version {version} of {}", key.agent), error)
+            })
     }
 
     /// Writes the input's outputs (those an earlier run did not), then its `finished`
@@ -524,7 +529,7 @@ impl Front for Tenant {
             .await;
     }
 
-    async fn stopped(&self, _: &AgentKey, _: &Queued<Entry>, _: &str) {}
+    async fn stopped(&self, _: &AgentKey, _: &Queued<Entry>, _: &HostFault) {}
 
     async fn ended(
         &self,
@@ -532,7 +537,7 @@ impl Front for Tenant {
         queued: &Queued<Entry>,
         memory: &Memory,
         ending: Ending<'_>,
-    ) -> Result<(), String> {
+    ) -> Result<(), HostFault> {
         let sequence = queued.input.sequence;
         let (status, what) = match ending.ended {
             Ended::Skipped => (FinishedStatus::Skipped, "the input's skip"),
@@ -541,7 +546,9 @@ impl Front for Tenant {
         let mut finished = self.finished_record(key, queued, status, memory);
         finished.by = Some(ending.by.to_owned());
         finished.reason = Some(ending.why.to_owned()).filter(|why| !why.is_empty());
-        let encoded = self.fit(&mut finished)?;
+        let encoded = self
+            .fit(&mut finished)
+            .map_err(|error| HostFault::new(format!("writing {what}"), error))?;
         let offset = self.append_input(key, sequence, what, encoded).await?;
         self.finished(key, sequence, offset).await;
         Ok(())
@@ -552,7 +559,7 @@ impl Front for Tenant {
         key: &AgentKey,
         queued: &Queued<Entry>,
         by: &str,
-    ) -> Result<(), String> {
+    ) -> Result<(), HostFault> {
         let sequence = queued.input.sequence;
         let retried = InputRecord::Retried(Retried {
             agent: key.agent.clone(),

@@ -30,7 +30,7 @@ use super::quota::{PerMinute, QuotaExceeded};
 use crate::checkpoint;
 use crate::durable::{self, Answer};
 use crate::event::{Input, OutputId, OutputRecord};
-use crate::keys::{Cancelling, CommandError, Head, Keys, Queued};
+use crate::keys::{Cancelling, CommandError, Head, HostFault, Keys, Queued};
 use crate::log::{FileLog, FileLogOptions, Log, LogError, Recovery};
 use crate::sandbox::Sandbox;
 use crate::state_dir::{StateDirError, incarnation_of};
@@ -340,6 +340,10 @@ impl From<CommandError> for CommandRefused {
             CommandError::NotParked { .. } => Self::NotParked(error),
             CommandError::NotCancellable { .. } => Self::NotCancellable(error),
             CommandError::Record { .. } => Self::Record(error),
+            // The journal did not take the answer's record.
+            CommandError::Refused { error: ref refused } if refused.is::<HostFault>() => {
+                Self::Record(error)
+            }
             CommandError::Refused { .. } => Self::NotInDoubt(error),
         }
     }
@@ -1079,8 +1083,7 @@ impl TenantRuntime {
                 &answer,
                 &who,
             )
-            .await
-            .map_err(|e| e.to_string())?;
+            .await?;
             // For the history; the answer itself is in the call's record, which the retry
             // recorded next serves. (Lost in a crash before it, the answer stays.)
             let record = InputRecord::Resolved(journal::Resolved {
