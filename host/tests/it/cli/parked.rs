@@ -14,7 +14,7 @@ use super::{caller_agent, rewind, text, write};
 const HANG: Duration = Duration::from_secs(300);
 
 /// `rewind run` over `input`, killed (and the test failed) if it has not ended by [`HANG`].
-fn run_to_the_end(dir: &Path, agent: &Path, input: &Path) -> Output {
+pub(super) fn run_to_the_end(dir: &Path, agent: &Path, input: &Path) -> Output {
     let mut child = rewind(dir)
         .arg("run")
         .arg(agent)
@@ -112,7 +112,7 @@ fn ten_thousand_inputs_waiting_behind_a_parked_one_do_not_stop_the_run() {
 }
 
 /// `rewind inspect --state .rewind` in `dir`, its standard output.
-fn inspect(dir: &Path) -> String {
+pub(super) fn inspect(dir: &Path) -> String {
     let out = rewind(dir).arg("inspect").output().expect("inspect runs");
     assert!(out.status.success(), "{}", text(&out.stderr));
     text(&out.stdout)

@@ -1,0 +1,97 @@
+//! State written by earlier builds opens: a `rewind run` state directory of the format this
+//! build writes is in `host/tests/fixtures/run-state` (written by the build of 2026-12-07,
+//! before every file carried a format version: a parked input, a skip, memory, a recorded
+//! call), and a run resumes from it.
+
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::Path;
+
+use serde_json::Value;
+
+use super::parked::{inspect, run_to_the_end};
+use super::{rewind, text, write};
+use crate::support::{guest, workspace_root};
+
+/// Copies `from` into `to` as a state directory is kept (directories 0700, files 0600).
+fn copy_state(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).expect("mkdir");
+    std::fs::set_permissions(to, std::fs::Permissions::from_mode(0o700)).expect("chmod");
+    for entry in std::fs::read_dir(from).expect("read the fixture") {
+        let entry = entry.expect("an entry");
+        let target = to.join(entry.file_name());
+        if entry.file_type().expect("a type").is_dir() {
+            copy_state(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), &target).expect("copy");
+            std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o600))
+                .expect("chmod");
+        }
+    }
+}
+
+#[test]
+fn a_run_state_of_the_format_before_versions_opens_and_a_run_resumes_from_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fixture = workspace_root().join("host/tests/fixtures/run-state");
+    copy_state(&fixture, &dir.path().join(".rewind"));
+    let input = dir.path().join("inputs.jsonl");
+    std::fs::rename(dir.path().join(".rewind/inputs.jsonl"), &input).expect("move the inputs");
+    let agent = write(
+        dir.path(),
+        "agent.toml",
+        &format!(
+            "name = \"fixture\"\n[retry]\nattempts = 1\n[state]\ncheckpoint-every-inputs = 1\n\
+             [[actions]]\nname = \"work\"\ncomponent = {:?}\non = [\"input\"]\n\
+             [functions.echo]\nkind = \"random\"\n",
+            guest("caller").display().to_string()
+        ),
+    );
+
+    let shown = inspect(dir.path());
+    for line in [
+        "input bo #1: parked after 1 attempts: action `work`: the action returned an error: \
+         the payload is bad; #2 waits behind it",
+        "skipped: cy #1 by fixture: kept as a fixture",
+        "skip of key cy by fixture: done (#1)",
+        "call 0: echo succeeded",
+        "memory seen = 1",
+    ] {
+        assert!(shown.contains(line), "{line:?} not in:\n{shown}");
+    }
+
+    let skip = rewind(dir.path())
+        .args([
+            "skip",
+            "--key",
+            "bo",
+            "--by",
+            "t",
+            "--reason",
+            "done by hand",
+        ])
+        .output()
+        .expect("skip runs");
+    assert!(skip.status.success(), "{}", text(&skip.stderr));
+    let resumed = run_to_the_end(dir.path(), &agent, &input);
+    assert!(resumed.status.success(), "{}", text(&resumed.stderr));
+    let outputs = std::fs::read_to_string(dir.path().join("out.jsonl")).expect("outputs");
+    let ran: Vec<(String, u64)> = outputs
+        .lines()
+        .map(|line| {
+            let output: Value = serde_json::from_str(line).expect("an output line");
+            (
+                output["key"].as_str().expect("key").to_owned(),
+                output["sequence"].as_u64().expect("sequence"),
+            )
+        })
+        .collect();
+    assert_eq!(
+        ran,
+        [("bo".to_owned(), 2)],
+        "only the input waiting behind the skipped one ran; the rest was done"
+    );
+    assert!(
+        inspect(dir.path()).contains("skipped: bo #1 by t: done by hand"),
+        "the fixture's history goes on"
+    );
+}
