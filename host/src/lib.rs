@@ -39,3 +39,4 @@ pub mod store;
 #[cfg(feature = "testing")]
 pub mod testing;
 pub mod text;
+pub mod version;

@@ -60,10 +60,7 @@ impl FileCheckpoints {
     fn read(&self, id: CheckpointId) -> Result<Checkpoint, CheckpointError> {
         let path = self.path(id);
         let bytes = std::fs::read(&path).map_err(io(format!("reading {}", path.display())))?;
-        serde_json::from_slice(&bytes).map_err(|e| CheckpointError::Unreadable {
-            path: path.display().to_string(),
-            message: e.to_string(),
-        })
+        Checkpoint::decode(&bytes, &path.display().to_string())
     }
 
     fn sync_dir(&self) -> Result<(), CheckpointError> {
@@ -74,7 +71,8 @@ impl FileCheckpoints {
 
     fn save_now(&self, checkpoint: &Checkpoint, keep: usize) -> Result<(), CheckpointError> {
         let path = self.path(checkpoint.id);
-        let bytes = serde_json::to_vec_pretty(checkpoint)
+        let bytes = checkpoint
+            .encode(true)
             .map_err(|e| io(format!("encoding {}", path.display()))(std::io::Error::other(e)))?;
         private::write_staged(&path, &bytes, || crash::reached(CrashPoint::CheckpointSave))
             .map_err(io(format!("writing {}", path.display())))?;
@@ -144,6 +142,29 @@ mod tests {
         std::fs::write(dir.path().join(".tmp-Ab3dE9"), b"{\"id\": 2, \"inp").expect("write");
         assert_eq!(store.latest().await.expect("latest"), Some(checkpoint(1)));
         assert_eq!(store.list().await.expect("list"), [1]);
+    }
+
+    #[tokio::test]
+    async fn a_checkpoint_names_its_format_and_a_newer_one_is_refused_saying_so() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = FileCheckpoints::new(dir.path());
+        store.save(&checkpoint(1), 3).await.expect("save");
+        let text = std::fs::read_to_string(store.path(1)).expect("read");
+        let json: serde_json::Value = serde_json::from_str(&text).expect("json");
+        assert_eq!(json["format"], 1, "{text}");
+        std::fs::write(
+            store.path(1),
+            text.replacen("\"format\": 1", "\"format\": 9", 1),
+        )
+        .expect("write");
+        let error = store.latest().await.expect_err("too new").to_string();
+        assert!(
+            error.contains(
+                "checkpoint-00000000000000000001.json is format 9, and this build \
+                 reads format 1 and older"
+            ),
+            "{error}"
+        );
     }
 
     #[tokio::test]

@@ -256,7 +256,11 @@ impl LogCheckpoints {
     }
 
     fn decode(&self, offset: Offset, json: &[u8]) -> Result<Checkpoint, CheckpointError> {
-        serde_json::from_slice(json).map_err(|e| self.unreadable(offset, e))
+        let what = format!(
+            "checkpoint log partition {} offset {offset}",
+            self.partition
+        );
+        Checkpoint::decode(json, &what)
     }
 
     /// The first checkpoint whose head is at or after `from`.
@@ -288,7 +292,9 @@ impl LogCheckpoints {
     async fn append(&self, checkpoint: &Checkpoint) -> Result<Saved, CheckpointError> {
         let context = format!("saving checkpoint {}", checkpoint.id);
         let saving = |e: &dyn std::fmt::Display| io(&context, e);
-        let json = serde_json::to_vec(checkpoint).map_err(|e| io("encoding a checkpoint", e))?;
+        let json = checkpoint
+            .encode(false)
+            .map_err(|e| io("encoding a checkpoint", e))?;
         let max = self.log.max_record(self.partition);
         if json.len() <= max {
             let offset = self

@@ -20,6 +20,7 @@ pub use log::LogCheckpoints;
 
 use crate::log::Log;
 use crate::store::{ActionStateStore, KeyScope, Marker, StoreError};
+use crate::version::{self, FormatError, Versioned};
 
 /// Numbers checkpoints; a later checkpoint has a higher id.
 pub type CheckpointId = u64;
@@ -172,6 +173,31 @@ pub struct Checkpoint {
     pub skipped: Vec<SkippedInput>,
 }
 
+/// The format of the checkpoints this build writes, and the newest it reads (see
+/// [`crate::version`]); checkpoints written before formats were named are format 1.
+pub const FORMAT: u32 = 1;
+
+impl Checkpoint {
+    /// The checkpoint as JSON, naming its format.
+    pub fn encode(&self, pretty: bool) -> serde_json::Result<Vec<u8>> {
+        let versioned = Versioned {
+            format: FORMAT,
+            value: self,
+        };
+        if pretty {
+            serde_json::to_vec_pretty(&versioned)
+        } else {
+            serde_json::to_vec(&versioned)
+        }
+    }
+
+    /// The checkpoint `json` holds, when it is of a format this build reads; `what` names
+    /// where it was read.
+    pub fn decode(json: &[u8], what: &str) -> Result<Self, CheckpointError> {
+        Ok(version::decode(json, FORMAT, what)?)
+    }
+}
+
 /// Why a checkpoint could not be written or read.
 #[derive(Debug, thiserror::Error)]
 pub enum CheckpointError {
@@ -182,6 +208,9 @@ pub enum CheckpointError {
     },
     #[error("{path}: not a checkpoint this build reads: {message}")]
     Unreadable { path: String, message: String },
+    /// Not JSON of a checkpoint, or of a newer format than this build reads.
+    #[error(transparent)]
+    Format(#[from] FormatError),
 }
 
 /// Where checkpoints are kept.

@@ -4,6 +4,7 @@ use crate::agent::BuildError;
 use crate::checkpoint::CheckpointError;
 use crate::log::LogError;
 use crate::store::StoreError;
+use crate::version::FormatError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClusterError {
@@ -42,6 +43,10 @@ pub enum ClusterError {
         #[source]
         source: serde_json::Error,
     },
+    /// A record the cluster keeps is of a newer format than this build reads (or not JSON
+    /// of one).
+    #[error(transparent)]
+    Format(#[from] FormatError),
     /// Running a partition's inputs failed: its sink, or a run of checkpoints failing.
     #[error("{what}: {source}")]
     Run {

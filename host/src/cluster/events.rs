@@ -21,12 +21,13 @@ use async_nats::jetstream::kv;
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
-use super::Layout;
 use super::error::ClusterError;
 use super::lease::{Created, create_or_read, open_bucket};
+use super::{Layout, RECORD_FORMAT};
 use crate::agent::input::InputLine;
 use crate::durable::digest::input_trigger;
 use crate::store::Digest;
+use crate::version::{self, Versioned};
 
 /// Where an event id was first seen.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -93,16 +94,18 @@ impl Events {
                 .to_string(),
         };
         let value = Bytes::from(
-            serde_json::to_vec(&seen).map_err(ClusterError::record(|| "an event id's entry"))?,
+            serde_json::to_vec(&Versioned {
+                format: RECORD_FORMAT,
+                value: &seen,
+            })
+            .map_err(ClusterError::record(|| "an event id's entry"))?,
         );
         let what = format!("{}: recording event {id:?}", self.bucket);
         Ok(match create_or_read(&self.kv, &key, &value, &what).await? {
             Created::Made(_) => Verdict::First,
             Created::Found(entry) => {
-                let first: Seen =
-                    serde_json::from_slice(&entry.value).map_err(ClusterError::record(|| {
-                        format!("{}: the entry of event {id:?}", self.bucket)
-                    }))?;
+                let what = format!("{}: the entry of event {id:?}", self.bucket);
+                let first: Seen = version::decode(&entry.value, RECORD_FORMAT, &what)?;
                 judge(&first, &seen)
             }
         })

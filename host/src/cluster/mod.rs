@@ -38,6 +38,7 @@ use crate::keys::Summary;
 use crate::log::jetstream::{RETRY_FOR, backoff};
 use crate::sandbox::Sandbox;
 use crate::store::Incarnation;
+use crate::version::{self, Versioned};
 use commands::ClusterCommands;
 pub use error::ClusterError;
 use error::ensure;
@@ -131,7 +132,11 @@ impl Layout {
                 format!("{bucket}: reading the layout")
             }))?
             .ok_or_else(missing)?;
-        serde_json::from_slice(&layout).map_err(ClusterError::record(|| "the recorded layout"))
+        Ok(version::decode(
+            &layout,
+            RECORD_FORMAT,
+            &format!("{bucket}: the recorded layout"),
+        )?)
     }
 
     /// Fails, naming the agents it does run, unless a host of this cluster was started
@@ -221,8 +226,12 @@ impl Layout {
                 layout: layout.clone(),
                 incarnation: Some(incarnation),
             };
+            let versioned = Versioned {
+                format: RECORD_FORMAT,
+                value: &recorded,
+            };
             let bytes =
-                serde_json::to_vec(&recorded).map_err(ClusterError::record(|| "the layout"))?;
+                serde_json::to_vec(&versioned).map_err(ClusterError::record(|| "the layout"))?;
             Ok((Bytes::from(bytes), incarnation))
         };
         let (mine, incarnation) = record(self)?;
@@ -236,8 +245,8 @@ impl Layout {
                 Created::Made(_) => return Ok(incarnation),
                 Created::Found(entry) => entry,
             };
-            let recorded: Recorded = serde_json::from_slice(&entry.value)
-                .map_err(ClusterError::record(|| "the recorded layout"))?;
+            let recorded: Recorded =
+                version::decode(&entry.value, RECORD_FORMAT, "the recorded layout")?;
             ensure(&recorded.layout == self, || {
                 format!(
                     "the cluster `{}` has {}; this host was started with {}: start it with \
@@ -280,6 +289,10 @@ struct Recorded {
     #[serde(default)]
     incarnation: Option<Incarnation>,
 }
+
+/// The format of the records a cluster keeps in its buckets (the layout, event ids) that
+/// this build writes, and the newest it reads (see [`crate::version`]).
+pub const RECORD_FORMAT: u32 = 1;
 
 /// How one host joins.
 #[derive(Clone, Debug)]

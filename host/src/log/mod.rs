@@ -12,7 +12,7 @@ mod memory;
 
 use async_trait::async_trait;
 
-pub use file::{FileLog, FileLogOptions, OpenReport, Recovery, Truncation};
+pub use file::{Contents, FileLog, FileLogOptions, OpenReport, Recovery, Truncation};
 pub use jetstream::{
     Authority, CONSUMER_WITHIN, IN_FLIGHT, JetStreamLog, NatsAuth, NatsConnect, NatsTls,
     PER_MESSAGE, RETRY_FOR, StreamSpec, connect as connect_nats,

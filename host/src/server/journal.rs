@@ -17,7 +17,14 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
 use crate::event::{OutputId, OutputRecord};
-use crate::log::{Log, LogError, Offset, Record};
+use crate::log::{Contents, Log, LogError, Offset, Record};
+
+/// What a journal's `log.json` says its records are: their format is the one this build
+/// writes, and the newest it reads (journals written before it was named are format 1).
+pub const CONTENTS: Contents = Contents {
+    kind: "journal",
+    format: 1,
+};
 
 pub const INPUTS: u32 = 0;
 pub const OUTPUTS: u32 = 1;

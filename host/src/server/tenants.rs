@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
 
 use crate::private;
+use crate::version::{self, FormatError};
 
 /// Why the registry refused or failed.
 #[derive(Debug, thiserror::Error)]
@@ -27,16 +28,38 @@ pub enum TenantError {
     NoToken { tenant: String, id: String },
     #[error("{path}: {message}")]
     Unreadable { path: String, message: String },
+    /// Not JSON of a registry, or of a newer format than this build reads.
+    #[error(transparent)]
+    Format(Box<FormatError>),
     #[error("writing {path}: {error}")]
     Write { path: String, error: std::io::Error },
 }
 
+/// The format of `tenants.json` this build writes, and the newest it reads; files written
+/// before formats were named are format 1.
+const FORMAT: u32 = 1;
+
 /// The file's contents.
-#[derive(Debug, Default, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct File {
+    #[serde(default = "first_format")]
+    format: u32,
     /// Tenant name to its tokens.
     tenants: BTreeMap<String, Vec<StoredToken>>,
+}
+
+impl Default for File {
+    fn default() -> Self {
+        Self {
+            format: FORMAT,
+            tenants: BTreeMap::new(),
+        }
+    }
+}
+
+fn first_format() -> u32 {
+    version::FIRST
 }
 
 /// A token as the registry keeps it.
@@ -135,11 +158,14 @@ impl Tenants {
             path: path.display().to_string(),
             message,
         };
-        let file: File = match std::fs::read(&path) {
-            Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| unreadable(e.to_string()))?,
+        let mut file: File = match std::fs::read(&path) {
+            Ok(bytes) => version::decode(&bytes, FORMAT, &path.display().to_string())
+                .map_err(|e| TenantError::Format(Box::new(e)))?,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => File::default(),
             Err(e) => return Err(unreadable(e.to_string())),
         };
+        // Written back in this build's format.
+        file.format = FORMAT;
         let mut by_token = BTreeMap::new();
         for (tenant, tokens) in &file.tenants {
             for token in tokens {
@@ -338,6 +364,23 @@ pub(super) fn check_name(name: &str) -> Result<(), TenantError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_registry_names_its_format_and_a_newer_one_is_refused_saying_so() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let tenants = Tenants::open(dir.path()).expect("opens");
+        tenants.create("acme").expect("created");
+        let path = dir.path().join("tenants.json");
+        let text = std::fs::read_to_string(&path).expect("read");
+        let json: serde_json::Value = serde_json::from_str(&text).expect("json");
+        assert_eq!(json["format"], 1, "{text}");
+        std::fs::write(&path, text.replacen("\"format\": 1", "\"format\": 2", 1)).expect("write");
+        let error = Tenants::open(dir.path()).expect_err("too new").to_string();
+        assert!(
+            error.contains("tenants.json is format 2, and this build reads format 1 and older"),
+            "{error}"
+        );
+    }
 
     #[test]
     fn tokens_survive_a_reopen_and_only_their_hashes_are_stored() {

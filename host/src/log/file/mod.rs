@@ -55,6 +55,17 @@ pub struct FileLogOptions {
     /// it is emptied.
     pub journal_bytes: u64,
     pub recovery: Recovery,
+    /// What the records hold, named in a new log's `log.json` and checked at every open:
+    /// a log of another kind, or of a newer format, is refused. `None`: not checked.
+    pub contents: Option<Contents>,
+}
+
+/// What a log's records hold: their kind, and the format this build writes them in (the
+/// newest it reads). A log written before its contents were named holds format 1.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Contents {
+    pub kind: &'static str,
+    pub format: u32,
 }
 
 impl Default for FileLogOptions {
@@ -64,6 +75,7 @@ impl Default for FileLogOptions {
             segment_bytes: 64 << 20,
             journal_bytes: 16 << 20,
             recovery: Recovery::default(),
+            contents: None,
         }
     }
 }

@@ -7,9 +7,9 @@ use serde::{Deserialize, Serialize};
 
 use super::entry::{self, Decoded};
 use super::segment::{Partition, Segment, create_segment, segment_path, sync_dir};
-use super::{FileLogOptions, Recovery};
+use super::{Contents, FileLogOptions, Recovery};
 use crate::log::{LogError, Offset};
-use crate::private;
+use crate::{private, version};
 
 /// The directory's format file.
 const FORMAT_FILE: &str = "log.json";
@@ -19,6 +19,17 @@ const FORMAT: u32 = 1;
 struct Format {
     format: u32,
     partitions: u32,
+    /// What its records hold, in which format (logs written before it was named have
+    /// none: their records are format 1 of whatever the opener expects).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    contents: Option<Named>,
+}
+
+/// [`Contents`] as `log.json` names them.
+#[derive(Debug, Serialize, Deserialize)]
+struct Named {
+    kind: String,
+    format: u32,
 }
 
 /// Bytes that recovery cut from the end of a partition.
@@ -66,7 +77,7 @@ pub(super) fn open(
     } else {
         private::create_dir(dir).map_err(io(format!("creating {}", dir.display())))?;
     }
-    check_format(dir, options.partitions)?;
+    check_format(dir, options.partitions, options.contents)?;
     // Partitions are scanned at once, on threads of their own: opening reads every byte.
     let opened: Vec<Result<(Partition, OpenReport), LogError>> = std::thread::scope(|scope| {
         let threads: Vec<_> = (0..options.partitions)
@@ -115,7 +126,7 @@ pub(super) fn partitions_in(dir: &Path) -> Result<Option<u32>, LogError> {
     }
 }
 
-fn check_format(dir: &Path, partitions: u32) -> Result<(), LogError> {
+fn check_format(dir: &Path, partitions: u32, contents: Option<Contents>) -> Result<(), LogError> {
     let path = dir.join(FORMAT_FILE);
     match std::fs::read(&path) {
         Ok(bytes) => {
@@ -139,12 +150,31 @@ fn check_format(dir: &Path, partitions: u32) -> Result<(), LogError> {
                     asked: partitions,
                 });
             }
+            if let (Some(wanted), Some(found)) = (contents, &found.contents) {
+                let corrupt = |message: String| LogError::Corrupt {
+                    path: path.display().to_string(),
+                    message,
+                };
+                if found.kind != wanted.kind {
+                    return Err(corrupt(format!(
+                        "a log of {}, not of {}",
+                        found.kind, wanted.kind
+                    )));
+                }
+                let what = format!("this {} log", found.kind);
+                version::check(found.format, wanted.format, &what)
+                    .map_err(|e| corrupt(e.to_string()))?;
+            }
             Ok(())
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             let bytes = serde_json::to_vec(&Format {
                 format: FORMAT,
                 partitions,
+                contents: contents.map(|c| Named {
+                    kind: c.kind.to_owned(),
+                    format: c.format,
+                }),
             })
             .map_err(|e| io(format!("writing {}", path.display()))(std::io::Error::other(e)))?;
             private::write(&path, &bytes).map_err(io(format!("writing {}", path.display())))

@@ -1,6 +1,6 @@
 use std::sync::Arc;
 
-use super::{FileLog, FileLogOptions, Recovery};
+use super::{Contents, FileLog, FileLogOptions, Recovery};
 use crate::log::{Guarded, Log, LogError, Offset};
 
 /// Small segments, so that the suite crosses segment boundaries and retention deletes
@@ -11,6 +11,7 @@ fn options(partitions: u32) -> FileLogOptions {
         segment_bytes: 256,
         journal_bytes: 1024,
         recovery: Recovery::TruncateTornTail,
+        contents: None,
     }
 }
 
@@ -250,4 +251,32 @@ async fn batches_over_several_partitions_survive_reopening_and_the_journal_stays
             .collect();
         assert_eq!(payloads(&log, u32::from(partition)).await, expected);
     }
+}
+
+#[test]
+fn a_log_of_newer_records_or_of_another_kind_is_refused_and_one_without_contents_opens() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let with = |kind, format| FileLogOptions {
+        contents: Some(Contents { kind, format }),
+        ..options(1)
+    };
+    // Written before contents were named: its records are format 1, of any kind.
+    drop(FileLog::open(dir.path(), options(1)).expect("open"));
+    drop(FileLog::open(dir.path(), with("journal", 1)).expect("opens as format 1"));
+
+    let newer = tempfile::tempdir().expect("tempdir");
+    drop(FileLog::open(newer.path(), with("journal", 2)).expect("open"));
+    let error = FileLog::open(newer.path(), with("journal", 1)).expect_err("too new");
+    let message = error.to_string();
+    assert!(
+        message.contains("this journal log is format 2, and this build reads format 1 and older"),
+        "{message}"
+    );
+    let error = FileLog::open(newer.path(), with("states", 2)).expect_err("another kind");
+    assert!(
+        error
+            .to_string()
+            .contains("a log of journal, not of states"),
+        "{error}"
+    );
 }

@@ -284,7 +284,7 @@ impl From<TenantError> for ApiError {
             TenantError::Missing(_) | TenantError::NoToken { .. } => {
                 (StatusCode::NOT_FOUND, "not-found")
             }
-            TenantError::Unreadable { .. } | TenantError::Write { .. } => {
+            TenantError::Unreadable { .. } | TenantError::Format(_) | TenantError::Write { .. } => {
                 tracing::error!("tenant registry: {error}");
                 return Self::internal("the server could not record this; try again");
             }

@@ -379,13 +379,14 @@ impl TenantRuntime {
             what,
             error,
         };
-        let open_log = |sub: &str, partitions, segment_bytes| {
+        let open_log = |sub: &str, partitions, segment_bytes, contents| {
             FileLog::open(
                 &dir.join(sub),
                 FileLogOptions {
                     partitions,
                     segment_bytes,
                     recovery: Recovery::TruncateTornTail,
+                    contents,
                     ..FileLogOptions::default()
                 },
             )
@@ -395,9 +396,11 @@ impl TenantRuntime {
             "journal",
             journal::PARTITIONS,
             FileLogOptions::default().segment_bytes,
+            Some(journal::CONTENTS),
         )
         .map_err(|e| log_error("its journal", e))?;
-        let state_log = open_log("state", STATE_PARTITIONS, STATE_SEGMENT_BYTES)
+        // Its records are states, each with its own version byte.
+        let state_log = open_log("state", STATE_PARTITIONS, STATE_SEGMENT_BYTES, None)
             .map_err(|e| log_error("its state log", e))?;
         // Made with the tenant's directory: a tenant made again under the same name, in a
         // new directory, makes new idempotency keys.
