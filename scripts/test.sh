@@ -24,5 +24,8 @@ echo "== cargo fmt --check"
 cargo fmt --all --check
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
+# The core alone, as an embedder takes it (no server, no JetStream): checked, not built.
+echo "== cargo clippy --no-default-features"
+cargo clippy --workspace --no-default-features --all-targets -- -D warnings
 echo "== cargo test"
 cargo test --workspace

@@ -22,6 +22,7 @@
 
 pub mod agent;
 pub mod checkpoint;
+#[cfg(feature = "jetstream")]
 pub mod cluster;
 pub mod commands;
 pub mod crash;
@@ -33,6 +34,7 @@ pub mod kit;
 pub mod log;
 pub mod private;
 pub mod sandbox;
+#[cfg(feature = "server")]
 pub mod server;
 pub mod state_dir;
 pub mod store;

@@ -1,10 +1,12 @@
 //! The command line.
 
 mod check;
+#[cfg(feature = "jetstream")]
 mod cluster;
 mod inspect;
 mod operator;
 mod run;
+#[cfg(feature = "server")]
 mod serve;
 mod state;
 mod test;
@@ -59,9 +61,11 @@ enum Command {
     /// uninterrupted run.
     Test(test::TestArgs),
     /// Serve the multi-tenant HTTP API.
+    #[cfg(feature = "server")]
     Serve(serve::ServeArgs),
     /// Share an agent's partitions among hosts over NATS JetStream; publish inputs to them
     /// and read their outputs.
+    #[cfg(feature = "jetstream")]
     Cluster(Box<cluster::ClusterArgs>),
 }
 
@@ -95,9 +99,11 @@ const TEST_HOOKS: [&str; 3] = [
 /// them set, naming it: a stray variable must not kill or de-randomise it. `check` and
 /// `inspect` reach no durable boundary and ignore them.
 pub fn test_hooks(cli: &Cli) -> anyhow::Result<Option<OsString>> {
-    let server = match &cli.command {
+    let server: Option<&str> = match &cli.command {
         Command::Run(_) | Command::Test(_) => None,
+        #[cfg(feature = "server")]
         Command::Serve(_) => Some("rewind serve"),
+        #[cfg(feature = "jetstream")]
         Command::Cluster(_) => Some("rewind cluster"),
         Command::Check(_)
         | Command::Inspect(_)
@@ -150,12 +156,15 @@ pub async fn main(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Resolve(args) => operator::resolve(args).await,
         Command::Cancel(args) => operator::cancel(args).await,
         Command::Test(args) => test::test(args, cli.cache_dir.clone(), cli.verbose > 0).await,
+        #[cfg(feature = "server")]
         Command::Serve(args) => serve::serve(args, sandbox()?).await,
+        #[cfg(feature = "jetstream")]
         Command::Cluster(args) => cluster::cluster(*args, || Ok(sandbox()?)).await,
     }
 }
 
 /// SIGINT or SIGTERM.
+#[cfg(any(feature = "server", feature = "jetstream"))]
 async fn shutdown_signal() {
     let terminate = async {
         match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {

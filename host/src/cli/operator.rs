@@ -28,6 +28,7 @@ pub struct Which {
     wait: Option<u64>,
 }
 
+#[cfg(feature = "jetstream")]
 impl Which {
     pub fn key(&self) -> &str {
         &self.key
@@ -40,7 +41,9 @@ impl Which {
     pub fn wait(&self) -> Option<u64> {
         self.wait
     }
+}
 
+impl Which {
     pub fn by(&self) -> String {
         self.by.clone().unwrap_or_else(|| {
             std::env::var("USER")

@@ -7,12 +7,14 @@
 #[cfg(any(test, feature = "testing"))]
 pub mod conformance;
 mod file;
+#[cfg(feature = "jetstream")]
 pub(crate) mod jetstream;
 mod memory;
 
 use async_trait::async_trait;
 
 pub use file::{Contents, FileLog, FileLogOptions, OpenReport, Recovery, Truncation};
+#[cfg(feature = "jetstream")]
 pub use jetstream::{
     Authority, CONSUMER_WITHIN, IN_FLIGHT, JetStreamLog, NatsAuth, NatsConnect, NatsTls,
     PER_MESSAGE, RETRY_FOR, StreamSpec, connect as connect_nats,
