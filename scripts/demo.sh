@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 
 addr=127.0.0.1:7181
 scripts/guests.sh
-cargo build --quiet -p rewind-host -p rewind-mock
+cargo build --quiet -p rewind -p rewind-mock
 
 state=$(mktemp -d)
 log=$(mktemp)

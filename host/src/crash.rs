@@ -2,8 +2,8 @@
 //!
 //! A process is armed with one point and a count, from `REWIND_CRASH_AT=POINT[:N]` (which
 //! `rewind run` and `rewind test` read at start; `serve` and `cluster` refuse to start with
-//! it set) or with [`arm`] (`rewind serve --crash-at`, in a build with the `test-hooks`
-//! feature only). The `N`th time that point is reached, the
+//! it set) or with [`arm`] (`rewind serve --crash-at`, honoured only by a build with the
+//! `test-hooks` feature: [`HOOKS`]). The `N`th time that point is reached, the
 //! process sends itself SIGKILL: no destructor runs, no buffer is flushed, no file is closed,
 //! exactly as if the machine's operator had killed it there. Unarmed, a point costs one
 //! atomic load.
@@ -134,6 +134,10 @@ struct Armed {
 }
 
 static ARMED: OnceLock<Armed> = OnceLock::new();
+
+/// Whether this build honours `rewind serve --crash-at`: only one with the `test-hooks`
+/// feature (the tests' build, through their dev-dependency), never a release.
+pub const HOOKS: bool = cfg!(feature = "test-hooks");
 
 /// Arms this process: it is killed the `crash.nth` time `crash.point` is reached. A process
 /// is armed at most once; a second call returns `false` and changes nothing.

@@ -30,7 +30,7 @@ const GUESTS: [&str; 11] = [
 pub fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
-        .expect("host/ has a parent")
+        .expect("cli/ has a parent")
         .to_owned()
 }
 

@@ -163,7 +163,7 @@ async fn http_posts_the_args_with_the_idempotency_key_and_configured_headers() {
         json!({ "echo": { "order": "A1" } })
     );
     assert!(
-        !output.to_string().contains("rewind-host"),
+        !output.to_string().contains(env!("CARGO_PKG_NAME")),
         "a secret reached the guest"
     );
 
@@ -172,7 +172,7 @@ async fn http_posts_the_args_with_the_idempotency_key_and_configured_headers() {
     let headers = &requests[0];
     assert!(headers["idempotency-key"].starts_with("rw-"), "{headers:?}");
     assert_eq!(headers["x-team"], "support");
-    assert_eq!(headers["x-secret"], "rewind-host");
+    assert_eq!(headers["x-secret"], env!("CARGO_PKG_NAME"));
     assert_eq!(headers["content-type"], "application/json");
 }
 
