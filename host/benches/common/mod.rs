@@ -8,7 +8,7 @@ use rewind_host::event::Event;
 use rewind_host::functions::{CallRequest, Function, FunctionError, Functions};
 use rewind_host::store::{ActionState, ActionStateStore, Digest, KeyScope, StateKey};
 
-/// The allocator the `rewind` binary runs with (`host/src/main.rs`), so that the benches
+/// The allocator the `rewind` binary runs with (`cli/src/main.rs`), so that the benches
 /// measure what it does.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
