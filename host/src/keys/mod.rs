@@ -115,9 +115,9 @@ pub trait Front: Send + Sync + 'static {
     /// What an input holds while it runs (permits of the run slots it counts against).
     type Slot: Send;
 
-    /// Waits for a slot to run an input in; `None` when the front end is stopping (the
+    /// Waits for a slot to run `key`'s input in; `None` when the front end is stopping (the
     /// input stays first in its key's queue, not run).
-    async fn slot(&self) -> Option<Self::Slot>;
+    async fn slot(&self, key: &Self::Key) -> Option<Self::Slot>;
 
     /// The agent that runs `input` (serve's inputs name a version of it). An error is a
     /// host fault: the key stops with the input first in its queue.
@@ -801,7 +801,7 @@ async fn attempts<F: Front>(
         let slot = tokio::select! {
             biased;
             () = cancel.cancelled() => return Attempts::Cancelled,
-            slot = front.slot() => slot,
+            slot = front.slot(key) => slot,
         };
         let Some(slot) = slot else {
             set_head(shared, key, Head::Idle, true);

@@ -368,7 +368,7 @@ impl Front for StreamFront {
     type Extra = ();
     type Slot = OwnedSemaphorePermit;
 
-    async fn slot(&self) -> Option<OwnedSemaphorePermit> {
+    async fn slot(&self, _: &String) -> Option<OwnedSemaphorePermit> {
         Arc::clone(&self.permits).acquire_owned().await.ok()
     }
 

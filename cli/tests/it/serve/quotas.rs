@@ -146,6 +146,45 @@ async fn concurrent_runs_are_capped_and_queued_inputs_refused_beyond_the_quota()
     assert_eq!(status, StatusCode::ACCEPTED);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agents_parallelism_caps_its_runs_within_the_tenants() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (addr, endpoint) = Endpoint::start(Duration::from_millis(150), "").await;
+    // The tenant would run four at once; the agent asks for one.
+    let server = Server::start(
+        dir.path(),
+        &format!(
+            "[tenants.acme]\nallow-hosts = [\"{addr}\"]\n\
+             [tenants.acme.quotas]\nconcurrent-runs = 4\n"
+        ),
+    )
+    .await;
+    let acme = server.tenant("acme").await;
+    server.upload("acme", &acme, "worker", "caller").await;
+    let slow = format!("[functions.slow]\nkind = \"http\"\nurl = \"http://{addr}/\"\n");
+    let (status, body) = server
+        .define(
+            "acme",
+            &acme,
+            &format!("parallelism = 1\n{}", agent("bot", "worker", &slow)),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    for key in ["a", "b", "c", "d"] {
+        let (status, body) = server
+            .submit("acme", &acme, "bot", key, key, one_call("slow"))
+            .await;
+        assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    }
+    server.wait_outputs("acme", &acme, 4).await;
+    assert_eq!(endpoint.count(), 4);
+    assert_eq!(
+        endpoint.most_at_once.load(Ordering::SeqCst),
+        1,
+        "one run of the agent at a time"
+    );
+}
+
 #[tokio::test]
 async fn calls_per_minute_deny_the_call_past_it_and_refuse_new_events() {
     let dir = tempfile::tempdir().expect("tempdir");

@@ -139,6 +139,8 @@ pub(super) struct Tenant {
     pub builder: Builder,
     /// The tenant's `concurrent-runs`.
     pub runs: Arc<Semaphore>,
+    /// Per agent, its current version's `parallelism`: (that version, its slots).
+    pub agent_runs: Mutex<HashMap<String, (u32, Arc<Semaphore>)>>,
     /// The host's sandbox instances, shared by every tenant.
     pub host_runs: Arc<Semaphore>,
     pub lifecycle: Arc<Lifecycle>,
@@ -152,6 +154,7 @@ pub(super) struct Tenant {
 /// What an input holds while it runs: a slot of the tenant's and one of the host's, and
 /// its place among the inputs a stopping server waits for.
 pub struct RunSlot {
+    _agent: Option<OwnedSemaphorePermit>,
     _tenant: OwnedSemaphorePermit,
     _host: OwnedSemaphorePermit,
     lifecycle: Arc<Lifecycle>,
@@ -208,6 +211,34 @@ impl Tenant {
             .unwrap_or_else(|p| p.into_inner())
             .get(agent)
             .and_then(Versions::current)
+    }
+
+    /// The slots of `agent`'s runs, as many as its current version's `parallelism` (made
+    /// again when a newer version is current; runs holding the older slots finish on
+    /// them). `None` when it has no version that loads: its inputs stop at `agent()`.
+    async fn agent_runs(&self, agent: &str) -> Option<Arc<Semaphore>> {
+        let current = self.current_version(agent)?;
+        if let Some((version, runs)) = self
+            .agent_runs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(agent)
+            && *version == current
+        {
+            return Some(Arc::clone(runs));
+        }
+        let parallelism = self.agent_version(agent, current).await.ok()?.parallelism();
+        let runs = Arc::new(Semaphore::new(parallelism.max(1)));
+        let mut all = self.agent_runs.lock().unwrap_or_else(|p| p.into_inner());
+        let (_, runs) = all
+            .entry(agent.to_owned())
+            .and_modify(|entry| {
+                if entry.0 < current {
+                    *entry = (current, Arc::clone(&runs));
+                }
+            })
+            .or_insert((current, runs));
+        Some(Arc::clone(runs))
     }
 
     /// The agent of `version`: loaded, or built from disk when it was let go.
@@ -396,10 +427,16 @@ impl Front for Tenant {
     type Extra = Entry;
     type Slot = RunSlot;
 
-    async fn slot(&self) -> Option<RunSlot> {
+    async fn slot(&self, key: &AgentKey) -> Option<RunSlot> {
         if self.lifecycle.stopping() {
             return None;
         }
+        // The agent's `parallelism` first, then the tenant's `concurrent-runs` (which the
+        // agent's may not pass), then the host's instances.
+        let agent = match self.agent_runs(&key.agent).await {
+            Some(runs) => Some(runs.acquire_owned().await.ok()?),
+            None => None,
+        };
         let tenant = Arc::clone(&self.runs).acquire_owned().await.ok()?;
         let host = Arc::clone(&self.host_runs).acquire_owned().await.ok()?;
         if self.lifecycle.stopping() {
@@ -407,6 +444,7 @@ impl Front for Tenant {
         }
         self.lifecycle.started();
         Some(RunSlot {
+            _agent: agent,
             _tenant: tenant,
             _host: host,
             lifecycle: Arc::clone(&self.lifecycle),

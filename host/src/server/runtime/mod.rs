@@ -440,6 +440,7 @@ impl TenantRuntime {
         let tenant = Arc::new(Tenant {
             name: name.to_owned(),
             runs: Arc::new(Semaphore::new(policy.quotas.concurrent_runs as usize)),
+            agent_runs: Mutex::new(HashMap::new()),
             dir,
             policy,
             journal,
