@@ -255,18 +255,23 @@ pub enum JournalError {
     },
 }
 
-/// Calls `each` with every record of `partition`, decoded, in offset order.
-pub async fn scan<T: for<'de> Deserialize<'de>>(
+/// Calls `each` with the records of `partition` from `from` to before `end`, decoded, in
+/// offset order.
+pub async fn scan_from<T: for<'de> Deserialize<'de>>(
     log: &dyn Log,
     partition: u32,
+    from: Offset,
+    end: Offset,
     mut each: impl FnMut(Offset, T),
 ) -> Result<(), JournalError> {
-    let (mut next, end) = log.bounds(partition).await?;
+    let (start, _) = log.bounds(partition).await?;
+    let mut next = from.max(start);
     while next < end {
         let records = log.read(partition, next, SCAN_BATCH).await?;
         let Some(last) = records.last() else { break };
         next = last.offset + 1;
-        for record in records {
+        // Records appended since `end` was read are the next scan's.
+        for record in records.into_iter().take_while(|r| r.offset < end) {
             each(record.offset, decode(partition, &record)?);
         }
     }

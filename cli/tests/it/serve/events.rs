@@ -722,3 +722,117 @@ async fn a_cancelled_input_stops_at_its_next_call_and_its_history_says_who_cance
         "{body}"
     );
 }
+
+/// The files named `name` under `dir`, at any depth.
+fn found(dir: &std::path::Path, name: &str) -> Vec<std::path::PathBuf> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            files.extend(found(&path, name));
+        } else if path.file_name().is_some_and(|n| n == name) {
+            files.push(path);
+        }
+    }
+    files
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_from_the_journals_snapshot_keeps_ids_memory_parked_inputs_and_outputs_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = Server::start(dir.path(), "").await;
+    let acme = server.tenant("acme").await;
+    server.deploy("acme", &acme, "bot", "caller", "").await;
+    let count = |n: u64| json!({ "memory_set": { "count": n } });
+    for (id, key, payload) in [
+        ("e1", "k", count(1)),
+        ("e2", "k", count(2)),
+        ("p1", "p", json!({ "fail": "never works" })),
+    ] {
+        let (status, body) = server.submit("acme", &acme, "bot", id, key, payload).await;
+        assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    }
+    server.wait_outputs("acme", &acme, 2).await;
+    server.settled_history("acme", &acme, "bot", "p").await;
+
+    // The first restart reads the whole journal and leaves its snapshot.
+    server.stop().await;
+    let server = Server::start(dir.path(), "").await;
+    let snapshots = found(dir.path(), "snapshot.json");
+    assert_eq!(snapshots.len(), 1, "{snapshots:?}");
+    let (status, body) = server
+        .submit(
+            "acme",
+            &acme,
+            "bot",
+            "e3",
+            "k",
+            json!({ "memory_get": ["count"] }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    server.wait_outputs("acme", &acme, 3).await;
+    server.stop().await;
+
+    // The second reads the snapshot, then the records after it; and once more with a
+    // snapshot that does not read, the whole journal again.
+    for damage in [false, true] {
+        server_restarted_keeps_everything(&dir, &acme, damage, &snapshots[0]).await;
+    }
+}
+
+async fn server_restarted_keeps_everything(
+    dir: &tempfile::TempDir,
+    acme: &str,
+    damage: bool,
+    snapshot: &std::path::Path,
+) {
+    if damage {
+        std::fs::write(snapshot, b"{\"format\": 1, \"not\": \"a snapshot\"}").expect("damage");
+    }
+    let server = Server::start(dir.path(), "").await;
+    // An event id from before the snapshot is still known: a repeat is not run again.
+    let (status, again) = server
+        .submit(
+            "acme",
+            acme,
+            "bot",
+            "e1",
+            "k",
+            json!({ "memory_set": { "count": 1 } }),
+        )
+        .await;
+    assert_eq!(
+        (status, &again["duplicate"]),
+        (StatusCode::OK, &json!(true)),
+        "{again}"
+    );
+    let history = server.settled_history("acme", acme, "bot", "k").await;
+    let done = 3 + usize::from(damage);
+    assert_eq!(statuses(&history), vec!["done"; done], "{history}");
+    let history = server.settled_history("acme", acme, "bot", "p").await;
+    assert_eq!(statuses(&history), ["parked"], "not run again: {history}");
+    let outputs = server.wait_outputs("acme", acme, done).await;
+    assert_eq!(outputs.len(), done, "each output once: {outputs:?}");
+    assert_eq!(outputs[2]["payload"]["memory"], json!({ "count": 2 }));
+    // The key's memory and sequence go on from where they were.
+    let id = if damage { "e5" } else { "e4" };
+    let (status, body) = server
+        .submit(
+            "acme",
+            acme,
+            "bot",
+            id,
+            "k",
+            json!({ "memory_get": ["count"] }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    assert_eq!(body["sequence"], if damage { 5 } else { 4 }, "{body}");
+    let outputs = server
+        .wait_outputs("acme", acme, 4 + usize::from(damage))
+        .await;
+    let last = outputs.last().expect("an output");
+    assert_eq!(last["payload"]["memory"], json!({ "count": 2 }), "{last}");
+    server.stop().await;
+}

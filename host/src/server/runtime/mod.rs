@@ -4,8 +4,9 @@
 
 mod front;
 mod lifecycle;
+mod replay;
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, RwLock};
@@ -24,7 +25,7 @@ use super::agents::{DefineError, Version};
 use super::config::TenantPolicy;
 use super::journal::{
     self, Accepted, ActionSummary, CallSummary, FinishedStatus, INPUTS, InputRecord, JournalError,
-    OUTPUTS, OutputPlace,
+    OUTPUTS,
 };
 use super::quota::{PerMinute, QuotaExceeded};
 use crate::checkpoint;
@@ -360,6 +361,8 @@ pub struct TenantRuntime {
     /// the requests, journal writes and streams of the server's own runtime.
     compute: tokio::runtime::Handle,
     defining: tokio::sync::Mutex<()>,
+    /// Keeps the journal's snapshot near its end; stopped when the runtime goes.
+    _snapshots: replay::Snapshots,
 }
 
 impl TenantRuntime {
@@ -460,6 +463,7 @@ impl TenantRuntime {
         let runtime = Arc::new(Self {
             compiles: PerMinute::compiles(tenant.policy.quotas.compiles_per_minute),
             keys: Keys::on(Arc::clone(&tenant), compute.clone()),
+            _snapshots: replay::Snapshots::start(Arc::clone(&tenant)),
             tenant,
             compute,
             defining: tokio::sync::Mutex::new(()),
@@ -477,145 +481,66 @@ impl TenantRuntime {
             tenant: tenant.name.clone(),
             error,
         };
-        let mut ledger = Ledger::default();
-        // Per key: its next sequence, and its memory after its last finished input.
-        let mut keys: HashMap<AgentKey, (u64, BTreeMap<String, String>)> = HashMap::new();
-        let mut pending: BTreeMap<(AgentKey, u64), Queued<Entry>> = BTreeMap::new();
-        let mut parked: HashMap<(AgentKey, u64), (u32, String)> = HashMap::new();
-        let mut last_finished: HashMap<AgentKey, u64> = HashMap::new();
-        // Of inputs accepted under a sequence already handed out: (agent, event id).
-        let mut damaged_events: HashSet<(String, String)> = HashSet::new();
-        journal::scan::<InputRecord>(&*tenant.journal, INPUTS, |offset, record| match record {
-            InputRecord::Accepted(accepted) => {
-                let key = AgentKey::new(&accepted.agent, &accepted.key);
-                let next = &mut keys.entry(key.clone()).or_insert((1, BTreeMap::new())).0;
-                let entry = EventEntry::Accepted {
-                    key: accepted.key.clone(),
-                    sequence: accepted.sequence,
-                    version: accepted.version,
-                    digest: digest(&accepted.key, &accepted.payload),
-                };
-                let state = ledger.keys.entry(key.clone()).or_default();
-                state.history.push((accepted.sequence, offset, None));
-                if accepted.sequence < *next {
-                    // Sequences of a key are handed out one at a time, in order: this one
-                    // was handed out twice, by two processes writing this directory at
-                    // once. Which of the two a `finished` record is for cannot be told, so
-                    // this one is not run (it may have run in the other process).
-                    let why = format!(
-                        "accepted as #{} of key {} after another input already was: two \
-                         processes wrote this tenant's journal at once; not run here, as it \
-                         may have run in the other (submit it again with a new event id to \
-                         run it)",
-                        accepted.sequence, accepted.key
-                    );
-                    tracing::warn!(tenant = %tenant.name, agent = %accepted.agent,
-                        key = %accepted.key, sequence = accepted.sequence,
-                        event_id = %accepted.event_id, "journal damaged: {why}");
-                    state.damaged.insert(offset, why);
-                    damaged_events.insert((accepted.agent.clone(), accepted.event_id.clone()));
-                    ledger
-                        .events
-                        .entry((accepted.agent, accepted.event_id))
-                        .or_insert(entry);
-                    return;
-                }
-                *next = accepted.sequence + 1;
-                ledger
-                    .events
-                    .insert((accepted.agent, accepted.event_id.clone()), entry);
-                let input = Input {
-                    key: accepted.key,
-                    sequence: accepted.sequence,
-                    payload: accepted.payload.get().to_owned(),
-                };
-                let extra = Entry {
-                    version: accepted.version,
-                    event_id: accepted.event_id,
-                };
-                pending.insert((key, accepted.sequence), Queued { input, extra });
+        // From the snapshot when there is one that reads: then only the records after it.
+        let mut folded = match replay::load(&tenant.dir) {
+            Ok(folded) => folded.unwrap_or_default(),
+            Err(error) => {
+                tracing::warn!(tenant = %tenant.name, "reading the whole journal, not the \
+                    snapshot: {error}");
+                replay::Folded::default()
             }
-            InputRecord::Finished(finished) => {
-                // The other process's input, which it ran: nothing of this one's.
-                if let Some(event_id) = &finished.event_id
-                    && !damaged_events.is_empty()
-                    && damaged_events.contains(&(finished.agent.clone(), event_id.clone()))
-                {
-                    return;
-                }
-                let key = AgentKey::new(&finished.agent, &finished.key);
-                keys.entry(key.clone()).or_insert((1, BTreeMap::new())).1 = finished.memory;
-                // The first `finished` of a sequence is its input's; one more (written by a
-                // second process, for an input it accepted under the same sequence) is not.
-                // A record that names its event is told apart above; one of an earlier
-                // build is taken for the first input's.
-                if let Some(state) = ledger.keys.get_mut(&key) {
-                    state.finished(finished.sequence, offset);
-                }
-                last_finished.insert(key.clone(), finished.sequence);
-                parked.remove(&(key.clone(), finished.sequence));
-                pending.remove(&(key, finished.sequence));
-            }
-            InputRecord::Parked(record) => {
-                let key = AgentKey::new(&record.agent, &record.key);
-                parked.insert((key, record.sequence), (record.attempts, record.error));
-            }
-            InputRecord::Resolved(record) => {
-                let key = AgentKey::new(&record.agent, &record.key);
-                if let Some(state) = ledger.keys.get_mut(&key) {
-                    state.commands.push((record.sequence, offset));
-                }
-            }
-            InputRecord::Retried(record) => {
-                let id = AgentKey::new(&record.agent, &record.key);
-                if let Some(state) = ledger.keys.get_mut(&id) {
-                    state.commands.push((record.sequence, offset));
-                }
-                let key = (id, record.sequence);
-                parked.remove(&key);
-                if let Some(queued) = pending.get_mut(&key) {
-                    queued.extra.version = record.version;
-                }
-            }
-        })
-        .await
-        .map_err(journal_error)?;
+        };
+        let read = folded
+            .advance(&*tenant.journal, &tenant.name)
+            .await
+            .map_err(journal_error)?;
+        if read > 0
+            && let Err(error) = replay::save(&tenant.dir, &folded)
+        {
+            tracing::warn!(tenant = %tenant.name, "saving the journal's snapshot: {error}");
+        }
         let (_, end) = tenant
             .journal
             .bounds(OUTPUTS)
             .await
             .map_err(|e| journal_error(e.into()))?;
         tenant.outputs.send_replace(end);
-        if !pending.is_empty() {
-            journal::scan::<OutputPlace>(&*tenant.journal, OUTPUTS, |_, output| {
-                let key = AgentKey::new(&output.agent, &output.key);
-                if pending.contains_key(&(key, output.sequence)) {
-                    ledger.written.insert(&OutputId {
-                        tenant: tenant.name.clone(),
-                        agent: output.agent,
-                        key: output.key,
-                        sequence: output.sequence,
-                        index: output.index,
-                    });
-                }
-            })
-            .await
-            .map_err(journal_error)?;
-        }
-        for (key, sequence) in &last_finished {
-            let scope = KeyScope::new(&tenant.name, &key.agent, &key.key);
-            tenant
-                .store
-                .prune(&scope, *sequence)
-                .await
-                .map_err(|error| OpenError::Store {
+        let mut ledger = Ledger {
+            events: folded.events,
+            ..Ledger::default()
+        };
+        for ((key, sequence), indexes) in &folded.written {
+            for &index in indexes {
+                ledger.written.insert(&OutputId {
                     tenant: tenant.name.clone(),
-                    error,
-                })?;
+                    agent: key.agent.clone(),
+                    key: key.key.clone(),
+                    sequence: *sequence,
+                    index,
+                });
+            }
         }
+        let mut keys = Vec::with_capacity(folded.keys.len());
+        for (key, state) in folded.keys {
+            if let Some(sequence) = state.last_finished {
+                let scope = KeyScope::new(&tenant.name, &key.agent, &key.key);
+                tenant
+                    .store
+                    .prune(&scope, sequence)
+                    .await
+                    .map_err(|error| OpenError::Store {
+                        tenant: tenant.name.clone(),
+                        error,
+                    })?;
+            }
+            ledger.keys.insert(key.clone(), state.ledger);
+            keys.push((key, state.next, state.memory));
+        }
+        let pending = folded.pending;
+        let mut parked = folded.parked;
         ledger.in_flight = pending.len() as u64;
         *tenant.ledger() = ledger;
-        for (key, (next, memory)) in keys {
+        for (key, next, memory) in keys {
             self.keys.restore(key, next, Arc::new(memory));
         }
         if !pending.is_empty() {
