@@ -9,6 +9,7 @@ mod bounds;
 mod calls;
 mod cli;
 mod concurrency;
+mod drivers;
 mod functions;
 mod idempotency;
 mod in_doubt;

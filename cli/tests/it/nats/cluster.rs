@@ -22,13 +22,13 @@ pub(super) const PARTITIONS: u32 = 4;
 const KEYS: u32 = 6;
 
 /// A `rewind cluster run` process; SIGKILLed when dropped.
-pub(super) struct Host {
+pub(crate) struct Host {
     child: Option<Child>,
     log: PathBuf,
 }
 
 impl Host {
-    pub(super) fn start(dir: &Path, url: &str, name: &str, replicas: usize, ttl_ms: u64) -> Self {
+    pub(crate) fn start(dir: &Path, url: &str, name: &str, replicas: usize, ttl_ms: u64) -> Self {
         Self::start_with(dir, url, name, replicas, ttl_ms, &[])
     }
 
@@ -140,7 +140,7 @@ impl Host {
     }
 
     /// Waits until the host has joined (its streams exist).
-    pub(super) async fn joined(&self) {
+    pub(crate) async fn joined(&self) {
         wait_for_log(self, "joined", &[self]).await;
     }
 }
@@ -205,7 +205,7 @@ pub(super) async fn wait_for_log(host: &Host, text: &str, hosts: &[&Host]) {
 
 /// The layout the hosts are started with, for the inputs (which are the same with group
 /// commit or without).
-pub(super) fn layout(replicas: usize) -> Layout {
+pub(crate) fn layout(replicas: usize) -> Layout {
     Layout {
         prefix: "t".to_owned(),
         partitions: PARTITIONS,
@@ -246,7 +246,7 @@ async fn publish(url: String, replicas: usize, range: std::ops::Range<u32>, ever
 }
 
 /// Every output of the cluster, read as its hosts laid it out.
-pub(super) async fn outputs(url: &str, replicas: usize) -> Vec<OutputRecord> {
+pub(crate) async fn outputs(url: &str, replicas: usize) -> Vec<OutputRecord> {
     let context = async_nats::jetstream::new(connect_nats(url).await.expect("connects"));
     // Read again while a NATS node is down or restarting, as the log retries.
     let started = Instant::now();

@@ -160,7 +160,7 @@ mod store {
     }
 }
 
-mod cluster;
+pub(crate) mod cluster;
 mod group_commit;
 mod leases;
 mod many_keys;
