@@ -124,6 +124,20 @@ pub async fn a_parked_input_holds_its_key_only_and_once_skipped_left_no_memory(
     );
 }
 
+/// Whether a skip left as a command was carried out; `false` when the input was not parked
+/// yet (its last attempt still being recorded), to be asked again; a skip refused for any
+/// other reason, or never carried out within [`PATIENCE`] of `started`, fails the test.
+fn skipped(outcome: Outcome, started: Instant) -> bool {
+    match outcome {
+        Outcome::Applied { .. } => true,
+        Outcome::Refused { error } if error.contains("has no parked input") => {
+            assert!(started.elapsed() < PATIENCE, "never parked: {error}");
+            false
+        }
+        Outcome::Refused { error } => panic!("skip refused: {error}"),
+    }
+}
+
 /// One test per behaviour, for the driver `make` (an async fn giving a `Box<dyn Driver>`).
 macro_rules! driver_conformance_tests {
     ($make:path) => {
@@ -275,15 +289,10 @@ mod run {
                     assert!(started.elapsed() < PATIENCE, "the skip was not carried out");
                     tokio::time::sleep(Duration::from_millis(20)).await;
                 };
-                match done.outcome {
-                    Outcome::Applied { .. } => return,
-                    // Not parked yet: its last attempt is still being recorded.
-                    Outcome::Refused { error } if error.contains("has no parked input") => {
-                        assert!(started.elapsed() < PATIENCE, "never parked: {error}");
-                        tokio::time::sleep(Duration::from_millis(20)).await;
-                    }
-                    Outcome::Refused { error } => panic!("skip refused: {error}"),
+                if skipped(done.outcome, started) {
+                    return;
                 }
+                tokio::time::sleep(Duration::from_millis(20)).await;
             }
         }
     }
@@ -485,15 +494,10 @@ mod cluster {
                     assert!(started.elapsed() < PATIENCE, "the skip was not carried out");
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 };
-                match done.outcome {
-                    Outcome::Applied { .. } => return,
-                    // Not parked yet: its last attempt is still being recorded.
-                    Outcome::Refused { error } if error.contains("has no parked input") => {
-                        assert!(started.elapsed() < PATIENCE, "never parked: {error}");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                    }
-                    Outcome::Refused { error } => panic!("skip refused: {error}"),
+                if skipped(done.outcome, started) {
+                    return;
                 }
+                tokio::time::sleep(Duration::from_millis(50)).await;
             }
         }
     }
