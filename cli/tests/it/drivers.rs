@@ -124,6 +124,40 @@ pub async fn a_parked_input_holds_its_key_only_and_once_skipped_left_no_memory(
     );
 }
 
+/// Inputs queued behind a parked one in [`ten_thousand_inputs_behind_a_parked_one_stall_no_other_key`].
+pub const BEHIND: u64 = 10_000;
+
+/// Ten thousand inputs wait behind a parked one, holding nothing: the other keys' inputs
+/// run meanwhile; once it is skipped, they all run, in order.
+pub async fn ten_thousand_inputs_behind_a_parked_one_stall_no_other_key(driver: &mut dyn Driver) {
+    driver.submit("k", json!({ "fail": "on purpose" })).await;
+    for _ in 0..BEHIND {
+        driver.submit("k", json!({})).await;
+    }
+    for i in 0..20 {
+        driver.submit(&format!("o{i}"), json!({})).await;
+    }
+    let outputs = driver.outputs(20).await;
+    assert!(
+        outputs.iter().all(|o| o.key != "k"),
+        "k waits behind its parked #1"
+    );
+    driver.skip("k", 1).await;
+    let outputs = driver
+        .outputs(usize::try_from(BEHIND).expect("fits") + 20)
+        .await;
+    let of_k: Vec<u64> = outputs
+        .iter()
+        .filter(|o| o.key == "k")
+        .map(|o| o.sequence)
+        .collect();
+    assert_eq!(
+        of_k,
+        (2..=BEHIND + 1).collect::<Vec<_>>(),
+        "all of them, in order, once"
+    );
+}
+
 /// Whether a skip left as a command was carried out; `false` when the input was not parked
 /// yet (its last attempt still being recorded), to be asked again; a skip refused for any
 /// other reason, or never carried out within [`PATIENCE`] of `started`, fails the test.
@@ -154,6 +188,15 @@ macro_rules! driver_conformance_tests {
         async fn every_input_gives_its_output_once() {
             let (mut driver, _guard) = $make().await;
             $crate::drivers::every_input_gives_its_output_once(&mut *driver).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn ten_thousand_inputs_behind_a_parked_one_stall_no_other_key() {
+            let (mut driver, _guard) = $make().await;
+            $crate::drivers::ten_thousand_inputs_behind_a_parked_one_stall_no_other_key(
+                &mut *driver,
+            )
+            .await;
         }
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -314,7 +357,9 @@ mod serve {
 
     pub async fn make() -> (Box<dyn Driver>, tempfile::TempDir) {
         let dir = tempfile::tempdir().expect("tempdir");
-        let server = Server::start(dir.path(), "").await;
+        // Room for the inputs queued behind a parked one, and the others.
+        let quotas = format!("[tenants.acme.quotas]\nqueued-inputs = {}\n", 2 * BEHIND);
+        let server = Server::start(dir.path(), &quotas).await;
         let token = server.tenant("acme").await;
         server.deploy("acme", &token, "bot", "caller", "").await;
         let driver = ServeDriver {

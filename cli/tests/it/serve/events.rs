@@ -604,15 +604,31 @@ async fn a_call_in_doubt_is_answered_by_an_operator_and_served_without_calling_a
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn of_commands_sent_at_once_to_one_parked_input_one_is_carried_out() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let server = Server::start(dir.path(), "").await;
+    // A port nothing listens on yet: the input's call is refused, and it parks. Once a gated
+    // endpoint listens there, a retry's call waits at the gate for the rest of the test:
+    // the input stays running, never parked again, so a later command cannot find it
+    // parked a second time.
+    let at = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port");
+    let server = Server::start(
+        dir.path(),
+        &format!("[tenants.acme]\nallow-hosts = [\"{at}\"]\n"),
+    )
+    .await;
     let acme = server.tenant("acme").await;
-    server.deploy("acme", &acme, "bot", "caller", "").await;
-    let failing = json!({ "fail": "on purpose" });
+    let gate = format!(
+        "[functions.gate]\nkind = \"http\"\nurl = \"http://{at}/\"\ntimeout-ms = 120000\n\
+         retries = 0\n"
+    );
+    server.deploy("acme", &acme, "bot", "caller", &gate).await;
     let (status, body) = server
-        .submit("acme", &acme, "bot", "e1", "k", failing)
+        .submit("acme", &acme, "bot", "e1", "k", super::one_call("gate"))
         .await;
     assert_eq!(status, StatusCode::ACCEPTED, "{body}");
-    server.settled_history("acme", &acme, "bot", "k").await;
+    let history = server.settled_history("acme", &acme, "bot", "k").await;
+    assert_eq!(statuses(&history), ["parked"], "{history}");
+    let (_, _endpoint) = super::Endpoint::gated_at(&at.to_string()).await;
 
     // Skips and retries at once: each records itself in the journal, so two carried out
     // would leave a skip and a retry of one input there.

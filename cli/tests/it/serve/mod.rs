@@ -410,16 +410,21 @@ pub struct Endpoint {
 
 impl Endpoint {
     pub async fn start(delay: Duration, hop_to: &str) -> (SocketAddr, Self) {
-        Self::serve(Self::default(), delay, hop_to).await
+        Self::serve(Self::default(), delay, hop_to, "127.0.0.1:0").await
     }
 
     /// An endpoint that answers a request only once the test opens the gate for it.
     pub async fn gated() -> (SocketAddr, Self) {
+        Self::gated_at("127.0.0.1:0").await
+    }
+
+    /// [`gated`](Self::gated), listening on `at`.
+    pub async fn gated_at(at: &str) -> (SocketAddr, Self) {
         let endpoint = Self {
             gate: Some(Arc::new(tokio::sync::Semaphore::new(0))),
             ..Self::default()
         };
-        Self::serve(endpoint, Duration::ZERO, "").await
+        Self::serve(endpoint, Duration::ZERO, "", at).await
     }
 
     /// Lets `n` more requests of a gated endpoint be answered.
@@ -427,7 +432,7 @@ impl Endpoint {
         self.gate.as_ref().expect("a gated endpoint").add_permits(n);
     }
 
-    async fn serve(endpoint: Self, delay: Duration, hop_to: &str) -> (SocketAddr, Self) {
+    async fn serve(endpoint: Self, delay: Duration, hop_to: &str, at: &str) -> (SocketAddr, Self) {
         let seen = endpoint.clone();
         let hop_to = hop_to.to_owned();
         let app = axum::Router::new()
@@ -463,9 +468,7 @@ impl Endpoint {
                     axum::Json(json!({ "n": n }))
                 }
             });
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
+        let listener = tokio::net::TcpListener::bind(at).await.expect("bind");
         let addr = listener.local_addr().expect("addr");
         tokio::spawn(async move { axum::serve(listener, app).await });
         (addr, endpoint)
