@@ -7,7 +7,8 @@
 //! makes one test per behaviour for a driver.
 //!
 //! Every input runs the caller guest; its agent retries nothing (`attempts = 1`), so an
-//! input that fails is parked at once.
+//! input that fails is parked at once. Its function `flaky` posts to a port nothing listens
+//! on until the test brings a service up there ([`Driver::bring_up`]).
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -46,6 +47,47 @@ pub trait Driver: Send {
     async fn outputs(&mut self, n: usize) -> Vec<Seen>;
     /// Skips `key`'s parked input `sequence`, as an operator does, once it is parked.
     async fn skip(&mut self, key: &str, sequence: u64);
+    /// Retries `key`'s parked input `sequence`, as an operator does, once it is parked.
+    async fn retry(&mut self, key: &str, sequence: u64);
+    /// Returns once `key`'s input `sequence` is parked, as the front end shows it.
+    async fn parked(&mut self, key: &str, sequence: u64);
+    /// Starts a service where `flaky` posts: its calls answer from now on.
+    async fn bring_up(&mut self);
+}
+
+/// The `flaky` function's declaration in agent.toml, posting to `at`.
+fn flaky(at: std::net::SocketAddr) -> String {
+    format!("[functions.flaky]\nkind = \"http\"\nurl = \"http://{at}/\"\nretries = 0\n")
+}
+
+/// A port on loopback that nothing listens on (until [`Driver::bring_up`]).
+fn down_port() -> std::net::SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .expect("a free port")
+}
+
+/// Retry: a parked input runs again from its first attempt when an operator retries it, and
+/// its key goes on behind it, in order.
+pub async fn a_retried_parked_input_runs_again_and_its_key_goes_on(driver: &mut dyn Driver) {
+    driver
+        .submit("k", json!({ "calls": [{ "function": "flaky" }] }))
+        .await;
+    driver.submit("k", json!({})).await;
+    driver.parked("k", 1).await;
+    driver.bring_up().await;
+    driver.retry("k", 1).await;
+    let outputs = driver.outputs(2).await;
+    let of_k: Vec<u64> = outputs
+        .iter()
+        .filter(|o| o.key == "k")
+        .map(|o| o.sequence)
+        .collect();
+    assert_eq!(of_k, [1, 2], "{outputs:?}");
+    assert!(
+        outputs[0].payload["results"][0]["ok"].is_object(),
+        "the retried call answered: {outputs:?}"
+    );
 }
 
 /// FIFO per key, and memory: each input of a key sees the memory the one before it left.
@@ -158,17 +200,17 @@ pub async fn ten_thousand_inputs_behind_a_parked_one_stall_no_other_key(driver: 
     );
 }
 
-/// Whether a skip left as a command was carried out; `false` when the input was not parked
-/// yet (its last attempt still being recorded), to be asked again; a skip refused for any
-/// other reason, or never carried out within [`PATIENCE`] of `started`, fails the test.
-fn skipped(outcome: Outcome, started: Instant) -> bool {
+/// Whether a command (a skip, a retry) was carried out; `false` when the input was not
+/// parked yet (its last attempt still being recorded), to be asked again; one refused for
+/// any other reason, or never carried out within [`PATIENCE`] of `started`, fails the test.
+fn carried_out(outcome: Outcome, started: Instant) -> bool {
     match outcome {
         Outcome::Applied { .. } => true,
         Outcome::Refused { error } if error.contains("has no parked input") => {
             assert!(started.elapsed() < PATIENCE, "never parked: {error}");
             false
         }
-        Outcome::Refused { error } => panic!("skip refused: {error}"),
+        Outcome::Refused { error } => panic!("command refused: {error}"),
     }
 }
 
@@ -182,6 +224,13 @@ macro_rules! driver_conformance_tests {
                 &mut *driver,
             )
             .await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_retried_parked_input_runs_again_and_its_key_goes_on() {
+            let (mut driver, _guard) = $make().await;
+            $crate::drivers::a_retried_parked_input_runs_again_and_its_key_goes_on(&mut *driver)
+                .await;
         }
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -241,24 +290,59 @@ mod run {
         outputs: mpsc::UnboundedReceiver<Output>,
         seen: Vec<Seen>,
         commands: CommandDir,
+        checkpoints: Arc<FileCheckpoints>,
+        down: std::net::SocketAddr,
+    }
+
+    impl RunDriver {
+        /// Leaves `verb` for `key`'s input `sequence` until it is carried out.
+        async fn command(&mut self, key: &str, sequence: u64, verb: Verb) {
+            let started = Instant::now();
+            loop {
+                let command = self
+                    .commands
+                    .submit(key, Some(sequence), "suite", verb.clone())
+                    .expect("left");
+                let done = loop {
+                    if let Some(done) = self.commands.outcome(&command.id).expect("read") {
+                        break done;
+                    }
+                    assert!(
+                        started.elapsed() < PATIENCE,
+                        "the command was not carried out"
+                    );
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                };
+                if carried_out(done.outcome, started) {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
     }
 
     pub async fn make() -> (Box<dyn Driver>, tempfile::TempDir) {
         let state = tempfile::tempdir().expect("tempdir");
-        let toml = agent_toml("caller", "", "[retry]\nattempts = 1\n");
+        let down = down_port();
+        let toml = agent_toml(
+            "caller",
+            "",
+            &format!("[retry]\nattempts = 1\n{}", flaky(down)),
+        );
         let agent = Arc::new(agent_with(&toml, memory_store(), &[]));
         let checkpoints = Arc::new(FileCheckpoints::new(state.path().join("checkpoints")));
         let commands = CommandDir::of(state.path());
         let (lines, rx) = mpsc::unbounded_channel();
         let (to, outputs) = mpsc::unbounded_channel();
         let queue = commands.clone();
+        let kept = Arc::clone(&checkpoints);
         tokio::spawn(async move {
             let stream = futures_util::stream::unfold(rx, |mut rx| async move {
                 rx.recv().await.map(|line| (line, rx))
             })
             .boxed();
             let checkpointing = Checkpointing {
-                store: checkpoints,
+                store: kept,
                 every_inputs: None,
                 every: Some(Duration::from_millis(20)),
                 keep: 3,
@@ -283,6 +367,8 @@ mod run {
             outputs,
             seen: Vec::new(),
             commands,
+            checkpoints,
+            down,
         };
         (Box::new(driver), state)
     }
@@ -316,27 +402,38 @@ mod run {
         }
 
         async fn skip(&mut self, key: &str, sequence: u64) {
+            let reason = "the suite skips it".to_owned();
+            self.command(key, sequence, Verb::Skip { reason }).await;
+        }
+
+        async fn retry(&mut self, key: &str, sequence: u64) {
+            self.command(key, sequence, Verb::Retry).await;
+        }
+
+        /// Once a checkpoint (every 20 ms) holds it parked.
+        async fn parked(&mut self, key: &str, sequence: u64) {
+            use rewind_host::checkpoint::CheckpointStore as _;
             let started = Instant::now();
             loop {
-                let skip = Verb::Skip {
-                    reason: "the suite skips it".to_owned(),
-                };
-                let command = self
-                    .commands
-                    .submit(key, Some(sequence), "suite", skip)
-                    .expect("left");
-                let done = loop {
-                    if let Some(done) = self.commands.outcome(&command.id).expect("read") {
-                        break done;
-                    }
-                    assert!(started.elapsed() < PATIENCE, "the skip was not carried out");
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                };
-                if skipped(done.outcome, started) {
+                let latest = self.checkpoints.latest().await.expect("read checkpoints");
+                let parked = latest.is_some_and(|c| {
+                    c.pending
+                        .iter()
+                        .any(|p| p.key == key && p.sequence == sequence && p.parked.is_some())
+                });
+                if parked {
                     return;
                 }
+                assert!(
+                    started.elapsed() < PATIENCE,
+                    "{key} #{sequence} never parked"
+                );
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
+        }
+
+        async fn bring_up(&mut self) {
+            crate::serve::Endpoint::start_at(&self.down.to_string()).await;
         }
     }
 
@@ -353,19 +450,60 @@ mod serve {
         server: Server,
         token: String,
         submitted: usize,
+        down: std::net::SocketAddr,
+    }
+
+    impl ServeDriver {
+        /// Sends `command` (`skip`, `retry`) for `key`'s input `sequence` until it is
+        /// carried out.
+        async fn command(&mut self, key: &str, sequence: u64, command: &str) {
+            let started = Instant::now();
+            loop {
+                let (status, body) = match command {
+                    "skip" => {
+                        let why = "the suite skips it";
+                        let skip = self
+                            .server
+                            .skip("acme", &self.token, "bot", key, sequence, why);
+                        skip.await
+                    }
+                    _ => {
+                        let retry =
+                            self.server
+                                .retry("acme", &self.token, "bot", key, sequence, None);
+                        retry.await
+                    }
+                };
+                if status == reqwest::StatusCode::OK {
+                    return;
+                }
+                // Not parked yet: its last attempt is still being recorded.
+                assert_eq!(body["code"], "not-parked", "{status} {body}");
+                assert!(started.elapsed() < PATIENCE, "never parked: {body}");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
     }
 
     pub async fn make() -> (Box<dyn Driver>, tempfile::TempDir) {
         let dir = tempfile::tempdir().expect("tempdir");
+        let down = down_port();
         // Room for the inputs queued behind a parked one, and the others.
-        let quotas = format!("[tenants.acme.quotas]\nqueued-inputs = {}\n", 2 * BEHIND);
-        let server = Server::start(dir.path(), &quotas).await;
+        let config = format!(
+            "[tenants.acme]\nallow-hosts = [\"{down}\"]\n[tenants.acme.quotas]\n\
+             queued-inputs = {}\n",
+            2 * BEHIND
+        );
+        let server = Server::start(dir.path(), &config).await;
         let token = server.tenant("acme").await;
-        server.deploy("acme", &token, "bot", "caller", "").await;
+        server
+            .deploy("acme", &token, "bot", "caller", &flaky(down))
+            .await;
         let driver = ServeDriver {
             server,
             token,
             submitted: 0,
+            down,
         };
         (Box::new(driver), dir)
     }
@@ -396,27 +534,36 @@ mod serve {
         }
 
         async fn skip(&mut self, key: &str, sequence: u64) {
+            self.command(key, sequence, "skip").await;
+        }
+
+        async fn retry(&mut self, key: &str, sequence: u64) {
+            self.command(key, sequence, "retry").await;
+        }
+
+        /// Once the key's history shows it parked.
+        async fn parked(&mut self, key: &str, sequence: u64) {
             let started = Instant::now();
             loop {
-                let (status, body) = self
-                    .server
-                    .skip(
-                        "acme",
-                        &self.token,
-                        "bot",
-                        key,
-                        sequence,
-                        "the suite skips it",
-                    )
-                    .await;
-                if status == reqwest::StatusCode::OK {
+                let (_, history) = self.server.history("acme", &self.token, "bot", key).await;
+                let parked = history["inputs"].as_array().is_some_and(|inputs| {
+                    inputs
+                        .iter()
+                        .any(|i| i["sequence"] == sequence && i["status"] == "parked")
+                });
+                if parked {
                     return;
                 }
-                // Not parked yet: its last attempt is still being recorded.
-                assert_eq!(body["code"], "not-parked", "{status} {body}");
-                assert!(started.elapsed() < PATIENCE, "never parked: {body}");
+                assert!(
+                    started.elapsed() < PATIENCE,
+                    "{key} #{sequence} never parked"
+                );
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
+        }
+
+        async fn bring_up(&mut self) {
+            crate::serve::Endpoint::start_at(&self.down.to_string()).await;
         }
     }
 
@@ -438,26 +585,57 @@ mod cluster {
 
     pub struct ClusterDriver {
         // Dropped in this order: the host before the server it talks to.
-        _host: Host,
+        host: Host,
         _servers: NatsServers,
         url: String,
         context: async_nats::jetstream::Context,
         layout: Layout,
         commands: ClusterCommands,
         submitted: usize,
+        down: std::net::SocketAddr,
+    }
+
+    impl ClusterDriver {
+        /// Leaves `verb` for `key`'s input `sequence` until it is carried out.
+        async fn command(&mut self, key: &str, sequence: u64, verb: Verb) {
+            let started = Instant::now();
+            loop {
+                let command = self
+                    .commands
+                    .submit(key, Some(sequence), "suite", verb.clone())
+                    .await
+                    .expect("left");
+                let done = loop {
+                    if let Some(done) = self.commands.outcome(&command.id).await.expect("read") {
+                        break done;
+                    }
+                    assert!(
+                        started.elapsed() < PATIENCE,
+                        "the command was not carried out"
+                    );
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                };
+                if carried_out(done.outcome, started) {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
     }
 
     pub async fn make() -> (Box<dyn Driver>, tempfile::TempDir) {
         let servers = NatsServers::single().expect("nats-server starts");
         let url = servers.url();
         let dir = tempfile::tempdir().expect("tempdir");
+        let down = down_port();
         std::fs::write(
             dir.path().join("agent.toml"),
             format!(
                 "name = \"billing\"\n\n[state]\ncheckpoint-every-ms = 100\n\n[retry]\n\
                  attempts = 1\n\n[[actions]]\nname = \"work\"\ncomponent = {:?}\n\
-                 on = [\"input\"]\n",
-                guest("caller").display().to_string()
+                 on = [\"input\"]\n{}",
+                guest("caller").display().to_string(),
+                flaky(down)
             ),
         )
         .expect("write agent.toml");
@@ -469,13 +647,14 @@ mod cluster {
             .await
             .expect("the commands stream");
         let driver = ClusterDriver {
-            _host: host,
+            host,
             _servers: servers,
             url,
             context,
             layout,
             commands,
             submitted: 0,
+            down,
         };
         (Box::new(driver), dir)
     }
@@ -522,28 +701,31 @@ mod cluster {
         }
 
         async fn skip(&mut self, key: &str, sequence: u64) {
+            let reason = "the suite skips it".to_owned();
+            self.command(key, sequence, Verb::Skip { reason }).await;
+        }
+
+        async fn retry(&mut self, key: &str, sequence: u64) {
+            self.command(key, sequence, Verb::Retry).await;
+        }
+
+        /// Once the host's log says so: it logs a park once the park is recorded.
+        async fn parked(&mut self, key: &str, sequence: u64) {
             let started = Instant::now();
-            loop {
-                let skip = Verb::Skip {
-                    reason: "the suite skips it".to_owned(),
-                };
-                let command = self
-                    .commands
-                    .submit(key, Some(sequence), "suite", skip)
-                    .await
-                    .expect("left");
-                let done = loop {
-                    if let Some(done) = self.commands.outcome(&command.id).await.expect("read") {
-                        break done;
-                    }
-                    assert!(started.elapsed() < PATIENCE, "the skip was not carried out");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                };
-                if skipped(done.outcome, started) {
-                    return;
-                }
+            let fields = format!("key={key} sequence={sequence} ");
+            while !self.host.log().lines().any(|line| {
+                line.contains("input parked after its last attempt") && line.contains(&fields)
+            }) {
+                assert!(
+                    started.elapsed() < PATIENCE,
+                    "{key} #{sequence} never parked"
+                );
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
+        }
+
+        async fn bring_up(&mut self) {
+            crate::serve::Endpoint::start_at(&self.down.to_string()).await;
         }
     }
 

@@ -413,6 +413,11 @@ impl Endpoint {
         Self::serve(Self::default(), delay, hop_to, "127.0.0.1:0").await
     }
 
+    /// [`start`](Self::start) without delay, listening on `at`.
+    pub async fn start_at(at: &str) -> (SocketAddr, Self) {
+        Self::serve(Self::default(), Duration::ZERO, "", at).await
+    }
+
     /// An endpoint that answers a request only once the test opens the gate for it.
     pub async fn gated() -> (SocketAddr, Self) {
         Self::gated_at("127.0.0.1:0").await
