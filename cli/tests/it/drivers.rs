@@ -49,6 +49,8 @@ pub trait Driver: Send {
     async fn skip(&mut self, key: &str, sequence: u64);
     /// Retries `key`'s parked input `sequence`, as an operator does, once it is parked.
     async fn retry(&mut self, key: &str, sequence: u64);
+    /// Cancels `key`'s input `sequence`, as an operator does.
+    async fn cancel(&mut self, key: &str, sequence: u64);
     /// Returns once `key`'s input `sequence` is parked, as the front end shows it.
     async fn parked(&mut self, key: &str, sequence: u64);
     /// Starts a service where `flaky` posts: its calls answer from now on.
@@ -166,6 +168,25 @@ pub async fn a_parked_input_holds_its_key_only_and_once_skipped_left_no_memory(
     );
 }
 
+/// Cancel: a parked input cancelled is finished without running again, and its key goes on.
+pub async fn a_cancelled_parked_input_never_runs_again_and_its_key_goes_on(
+    driver: &mut dyn Driver,
+) {
+    driver
+        .submit("k", json!({ "calls": [{ "function": "flaky" }] }))
+        .await;
+    driver.submit("k", json!({ "memory_get": ["n"] })).await;
+    driver.parked("k", 1).await;
+    driver.cancel("k", 1).await;
+    driver.bring_up().await;
+    let outputs = driver.outputs(1).await;
+    let ran: Vec<(String, u64)> = outputs
+        .iter()
+        .map(|o| (o.key.clone(), o.sequence))
+        .collect();
+    assert_eq!(ran, [("k".to_owned(), 2)], "#1 was cancelled, #2 ran");
+}
+
 /// Inputs queued behind a parked one in [`ten_thousand_inputs_behind_a_parked_one_stall_no_other_key`].
 pub const BEHIND: u64 = 10_000;
 
@@ -231,6 +252,15 @@ macro_rules! driver_conformance_tests {
             let (mut driver, _guard) = $make().await;
             $crate::drivers::a_retried_parked_input_runs_again_and_its_key_goes_on(&mut *driver)
                 .await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_cancelled_parked_input_never_runs_again_and_its_key_goes_on() {
+            let (mut driver, _guard) = $make().await;
+            $crate::drivers::a_cancelled_parked_input_never_runs_again_and_its_key_goes_on(
+                &mut *driver,
+            )
+            .await;
         }
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -410,6 +440,11 @@ mod run {
             self.command(key, sequence, Verb::Retry).await;
         }
 
+        async fn cancel(&mut self, key: &str, sequence: u64) {
+            let reason = "the suite cancels it".to_owned();
+            self.command(key, sequence, Verb::Cancel { reason }).await;
+        }
+
         /// Once a checkpoint (every 20 ms) holds it parked.
         async fn parked(&mut self, key: &str, sequence: u64) {
             use rewind_host::checkpoint::CheckpointStore as _;
@@ -454,7 +489,7 @@ mod serve {
     }
 
     impl ServeDriver {
-        /// Sends `command` (`skip`, `retry`) for `key`'s input `sequence` until it is
+        /// Sends `command` (`skip`, `retry`, `cancel`) for `key`'s input `sequence` until it is
         /// carried out.
         async fn command(&mut self, key: &str, sequence: u64, command: &str) {
             let started = Instant::now();
@@ -467,6 +502,13 @@ mod serve {
                             .skip("acme", &self.token, "bot", key, sequence, why);
                         skip.await
                     }
+                    "cancel" => {
+                        let why = "the suite cancels it";
+                        let cancel =
+                            self.server
+                                .cancel("acme", &self.token, "bot", key, sequence, why);
+                        cancel.await
+                    }
                     _ => {
                         let retry =
                             self.server
@@ -474,7 +516,8 @@ mod serve {
                         retry.await
                     }
                 };
-                if status == reqwest::StatusCode::OK {
+                // A cancel of an input that still runs is 202: it stops at its next call.
+                if status == reqwest::StatusCode::OK || status == reqwest::StatusCode::ACCEPTED {
                     return;
                 }
                 // Not parked yet: its last attempt is still being recorded.
@@ -539,6 +582,10 @@ mod serve {
 
         async fn retry(&mut self, key: &str, sequence: u64) {
             self.command(key, sequence, "retry").await;
+        }
+
+        async fn cancel(&mut self, key: &str, sequence: u64) {
+            self.command(key, sequence, "cancel").await;
         }
 
         /// Once the key's history shows it parked.
@@ -707,6 +754,11 @@ mod cluster {
 
         async fn retry(&mut self, key: &str, sequence: u64) {
             self.command(key, sequence, Verb::Retry).await;
+        }
+
+        async fn cancel(&mut self, key: &str, sequence: u64) {
+            let reason = "the suite cancels it".to_owned();
+            self.command(key, sequence, Verb::Cancel { reason }).await;
         }
 
         /// Once the host's log says so: it logs a park once the park is recorded.
