@@ -90,6 +90,7 @@ pub fn checkpoint(id: CheckpointId) -> Checkpoint {
                 by: "alice".to_owned(),
                 reason: format!("checkpoint {id}"),
                 command: format!("{id}-00"),
+                also: Vec::new(),
             },
             SkippedInput {
                 key: "bo".to_owned(),
@@ -98,6 +99,7 @@ pub fn checkpoint(id: CheckpointId) -> Checkpoint {
                 by: "bob".to_owned(),
                 reason: String::new(),
                 command: format!("{id}-01"),
+                also: vec![format!("{id}-02")],
             },
         ],
     }

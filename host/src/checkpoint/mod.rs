@@ -124,6 +124,17 @@ pub struct SkippedInput {
     pub reason: String,
     /// The command that asked (`commands::Command::id`).
     pub command: String,
+    /// Other commands that asked the same of it at once (a second cancel of a running
+    /// input): done too once this is in a checkpoint.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub also: Vec<String>,
+}
+
+impl SkippedInput {
+    /// Whether the command `id` ended this input.
+    pub fn by_command(&self, id: &str) -> bool {
+        self.command == id || self.also.iter().any(|also| also == id)
+    }
 }
 
 /// How an operator finished an input without completing it. Either way nothing it did is

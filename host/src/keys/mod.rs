@@ -263,6 +263,8 @@ struct KeyState<X> {
     cancelled: Option<(String, String)>,
     /// The first input completed and is being recorded: too late to cancel.
     completing: bool,
+    /// An operator's command holds the parked first input (see `Keys::claim`).
+    claimed: bool,
 }
 
 impl<X> Default for KeyState<X> {
@@ -276,6 +278,7 @@ impl<X> Default for KeyState<X> {
             cancel: CancellationToken::new(),
             cancelled: None,
             completing: false,
+            claimed: false,
         }
     }
 }
@@ -287,6 +290,7 @@ impl<X> KeyState<X> {
         self.cancel = CancellationToken::new();
         self.cancelled = None;
         self.completing = false;
+        self.claimed = false;
     }
 }
 
@@ -537,8 +541,11 @@ impl<F: Front> Keys<F> {
         {
             let mut table = self.shared.lock();
             table.set_head(key, Head::Idle);
-            if let Some(first) = table.keys.get_mut(key).and_then(|s| s.queue.front_mut()) {
-                *first = parked;
+            if let Some(state) = table.keys.get_mut(key) {
+                state.claimed = false;
+                if let Some(first) = state.queue.front_mut() {
+                    *first = parked;
+                }
             }
         }
         // The claim is the worker's now.
@@ -610,6 +617,20 @@ impl<F: Front> Keys<F> {
                 _ if state.completing => {
                     return Err(refuse(format!(
                         "#{first} completed before the cancel came; its outputs are recorded"
+                    )));
+                }
+                // Another command's outcome decides what comes of it: ask again after.
+                _ if state.claimed => {
+                    return Err(refuse(format!(
+                        "another operator command is being carried out on #{first}; ask again"
+                    )));
+                }
+                // Nothing drives the key: its front end is stopping, and runs it again at
+                // its next start.
+                _ if !state.working => {
+                    return Err(refuse(format!(
+                        "#{first} is not running: the front end is stopping; cancel it once \
+                         it runs again"
                     )));
                 }
                 _ => {
@@ -688,6 +709,7 @@ impl<F: Front> Keys<F> {
                 sequence,
             })?;
         state.working = true;
+        state.claimed = true;
         Ok((parked, Arc::clone(&state.memory)))
     }
 
@@ -695,6 +717,7 @@ impl<F: Front> Keys<F> {
     fn release(&self, key: &F::Key) {
         if let Some(state) = self.shared.lock().keys.get_mut(key) {
             state.working = false;
+            state.claimed = false;
         }
     }
 

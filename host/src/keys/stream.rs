@@ -601,7 +601,7 @@ impl<S: OutputSink> Run<'_, S> {
             }
             Verb::Skip { reason } | Verb::Cancel { reason } => {
                 // Ended already, by this command, in a run that stopped before it said so.
-                if let Some(done) = self.skipped.iter().find(|s| s.command == command.id) {
+                if let Some(done) = self.skipped.iter().find(|s| s.by_command(&command.id)) {
                     return Some(Outcome::Applied {
                         sequence: done.sequence,
                     });
@@ -1013,6 +1013,7 @@ impl<S: OutputSink> Run<'_, S> {
             by,
             reason: why,
             command: commands.first().map(|c| c.id.clone()).unwrap_or_default(),
+            also: commands.iter().skip(1).map(|c| c.id.clone()).collect(),
         });
         self.summary.ended.push((key, sequence, ended));
         let outcome = Outcome::Applied { sequence };

@@ -5,9 +5,10 @@
 //!
 //! The snapshot is made from the journal, not from the running tenant: folding the records
 //! up to a position gives the state at that position by construction, whatever runs
-//! meanwhile. Outputs are folded up to the end read after the inputs' end: an input's
-//! outputs are written before its `finished` record, so every output of an input finished
-//! by then is inside it.
+//! meanwhile. Outputs are folded up to an end read before the inputs' end: an output is
+//! appended after its input's `accepted` record, so the fold knows every input whose
+//! outputs it meets (those of inputs finished by then are dropped, the others kept for the
+//! restart not to write them again).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -57,9 +58,12 @@ pub(super) struct Folded {
 
 impl Folded {
     /// Folds every record after where it stands: the inputs partition to its end, then the
-    /// outputs partition to its end as read after that. Returns how many records it read.
+    /// outputs partition to its end as read before that. Returns how many records it read.
     pub async fn advance(&mut self, log: &dyn Log, tenant: &str) -> Result<u64, JournalError> {
         let mut read = 0;
+        // The outputs' end first: every output below it is of an input accepted below the
+        // inputs' end read next, so the fold knows the input when it meets the output.
+        let (_, outputs_end) = log.bounds(OUTPUTS).await?;
         let (_, end) = log.bounds(INPUTS).await?;
         journal::scan_from::<InputRecord>(log, INPUTS, self.inputs_next, end, |offset, record| {
             read += 1;
@@ -67,7 +71,7 @@ impl Folded {
         })
         .await?;
         self.inputs_next = self.inputs_next.max(end);
-        let (_, end) = log.bounds(OUTPUTS).await?;
+        let end = outputs_end;
         journal::scan_from::<OutputPlace>(log, OUTPUTS, self.outputs_next, end, |_, output| {
             read += 1;
             self.output(output);
