@@ -422,6 +422,14 @@ async fn a_cancel_left_while_an_input_runs_stops_it_at_its_next_call_and_its_key
         .commands
         .submit("k", Some(1), "dora", cancel)
         .expect("left");
+    // A second operator cancels it too, before it stops: both are done by its one end.
+    let again = Verb::Cancel {
+        reason: String::new(),
+    };
+    let again = going
+        .commands
+        .submit("k", None, "erin", again)
+        .expect("left");
     // Call 0 is in flight: the cancel waits for the run to reach its next call.
     going.taken().await;
     assert!(
@@ -430,6 +438,8 @@ async fn a_cancel_left_while_an_input_runs_stops_it_at_its_next_call_and_its_key
     );
     gate.open.add_permits(1);
     let done = going.outcome(&cancel.id).await;
+    assert_eq!(done.outcome, Outcome::Applied { sequence: 1 });
+    let done = going.outcome(&again.id).await;
     assert_eq!(done.outcome, Outcome::Applied { sequence: 1 });
     // Done only once a checkpoint holds the cancel.
     let latest = going
@@ -455,6 +465,9 @@ async fn a_cancel_left_while_an_input_runs_stops_it_at_its_next_call_and_its_key
         ended,
         [("k", 1, Ended::Cancelled, "dora", "the customer withdrew")]
     );
+    // Both commands are kept with it: found done after a crash, not carried out again.
+    assert_eq!(latest.skipped[0].command, cancel.id);
+    assert_eq!(latest.skipped[0].also, [again.id.clone()]);
 
     let (summary, written) = going.end().await;
     assert_eq!(
