@@ -467,7 +467,7 @@ async fn a_cancel_left_while_an_input_runs_stops_it_at_its_next_call_and_its_key
     );
     // Both commands are kept with it: found done after a crash, not carried out again.
     assert_eq!(latest.skipped[0].command, cancel.id);
-    assert_eq!(latest.skipped[0].also, [again.id.clone()]);
+    assert_eq!(latest.skipped[0].also, std::slice::from_ref(&again.id));
 
     let (summary, written) = going.end().await;
     assert_eq!(
