@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, Instant};
 
@@ -149,6 +149,8 @@ pub(super) struct Tenant {
     /// The position of the newest output.
     pub outputs: watch::Sender<u64>,
     pub stored: Mutex<(Option<Instant>, u64)>,
+    /// Where the journal's snapshot stands (the inputs partition's offset it was folded to).
+    pub snapshot_at: AtomicU64,
 }
 
 /// What an input holds while it runs: a slot of the tenant's and one of the host's, and

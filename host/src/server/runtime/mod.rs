@@ -8,7 +8,7 @@ mod replay;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
 
@@ -459,6 +459,7 @@ impl TenantRuntime {
             ledger: Mutex::new(Ledger::default()),
             outputs: watch::channel(0).0,
             stored: Mutex::new((None, 0)),
+            snapshot_at: AtomicU64::new(0),
         });
         let runtime = Arc::new(Self {
             compiles: PerMinute::compiles(tenant.policy.quotas.compiles_per_minute),
@@ -494,10 +495,17 @@ impl TenantRuntime {
             .advance(&*tenant.journal, &tenant.name)
             .await
             .map_err(journal_error)?;
-        if read > 0
-            && let Err(error) = replay::save(&tenant.dir, &folded)
-        {
-            tracing::warn!(tenant = %tenant.name, "saving the journal's snapshot: {error}");
+        // With nothing read past it, the snapshot on disk is where the journal ends.
+        let saved = read == 0
+            || replay::save(&tenant.dir, &folded)
+                .inspect_err(|error| {
+                    tracing::warn!(tenant = %tenant.name, "saving the journal's snapshot: {error}");
+                })
+                .is_ok();
+        if saved {
+            tenant
+                .snapshot_at
+                .store(folded.inputs_next, Ordering::Release);
         }
         let (_, end) = tenant
             .journal
@@ -720,9 +728,7 @@ impl TenantRuntime {
                 // what the journal holds.
                 let mut ledger = tenant.ledger();
                 ledger.in_flight = ledger.in_flight.saturating_sub(1);
-                tenant
-                    .broken
-                    .store(true, std::sync::atomic::Ordering::SeqCst);
+                tenant.broken.store(true, Ordering::SeqCst);
                 return Err(error.into());
             }
         };

@@ -13,6 +13,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -233,6 +234,10 @@ async fn bring_forward(tenant: &Tenant) -> Result<(), SnapshotError> {
         .bounds(INPUTS)
         .await
         .map_err(|e| SnapshotError::Journal(e.into()))?;
+    // Known without reading the snapshot, which may be tens of MB.
+    if end.saturating_sub(tenant.snapshot_at.load(Ordering::Acquire)) < SNAPSHOT_RECORDS {
+        return Ok(());
+    }
     let dir = tenant.dir.clone();
     let loaded = tokio::task::spawn_blocking(move || load(&dir))
         .await
@@ -241,17 +246,16 @@ async fn bring_forward(tenant: &Tenant) -> Result<(), SnapshotError> {
             source: std::io::Error::other(e),
         })??;
     let mut folded = loaded.unwrap_or_default();
-    if end.saturating_sub(folded.inputs_next) < SNAPSHOT_RECORDS {
-        return Ok(());
-    }
     folded.advance(&*tenant.journal, &tenant.name).await?;
-    let dir = tenant.dir.clone();
+    let (dir, at) = (tenant.dir.clone(), folded.inputs_next);
     tokio::task::spawn_blocking(move || save(&dir, &folded))
         .await
         .map_err(|e| SnapshotError::Io {
             path: FILE.to_owned(),
             source: std::io::Error::other(e),
-        })?
+        })??;
+    tenant.snapshot_at.store(at, Ordering::Release);
+    Ok(())
 }
 
 /// Where the snapshot of the tenant in `dir` is kept.
