@@ -19,7 +19,7 @@ use futures_util::StreamExt as _;
 use rewind_host::agent::input::{InputLine, LineError};
 use rewind_host::agent::output::OutputSink;
 use rewind_host::checkpoint::FileCheckpoints;
-use rewind_host::commands::{CommandDir, Outcome, Verb};
+use rewind_host::commands::{Command, CommandDir, Done, Outcome, Verb};
 use rewind_host::event::Output;
 use rewind_host::keys::{Checkpointing, RunOptions, run_inputs};
 use serde_json::{Value, json};
@@ -235,6 +235,35 @@ fn carried_out(outcome: Outcome, started: Instant) -> bool {
     }
 }
 
+/// Leaves a command (`leave`) until its `outcome` says it was carried out, looking every
+/// `pause`: an input not parked yet is asked again (see [`carried_out`]).
+async fn until_carried_out<L, LF, O, OF>(leave: L, outcome: O, pause: Duration)
+where
+    L: Fn() -> LF,
+    LF: Future<Output = Command>,
+    O: Fn(String) -> OF,
+    OF: Future<Output = Option<Done>>,
+{
+    let started = Instant::now();
+    loop {
+        let command = leave().await;
+        let done = loop {
+            if let Some(done) = outcome(command.id.clone()).await {
+                break done;
+            }
+            assert!(
+                started.elapsed() < PATIENCE,
+                "the command was not carried out"
+            );
+            tokio::time::sleep(pause).await;
+        };
+        if carried_out(done.outcome, started) {
+            return;
+        }
+        tokio::time::sleep(pause).await;
+    }
+}
+
 /// One test per behaviour, for the driver `make` (an async fn giving a `Box<dyn Driver>`).
 macro_rules! driver_conformance_tests {
     ($make:path) => {
@@ -327,27 +356,13 @@ mod run {
     impl RunDriver {
         /// Leaves `verb` for `key`'s input `sequence` until it is carried out.
         async fn command(&mut self, key: &str, sequence: u64, verb: Verb) {
-            let started = Instant::now();
-            loop {
-                let command = self
-                    .commands
-                    .submit(key, Some(sequence), "suite", verb.clone())
-                    .expect("left");
-                let done = loop {
-                    if let Some(done) = self.commands.outcome(&command.id).expect("read") {
-                        break done;
-                    }
-                    assert!(
-                        started.elapsed() < PATIENCE,
-                        "the command was not carried out"
-                    );
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                };
-                if carried_out(done.outcome, started) {
-                    return;
-                }
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
+            let commands = &self.commands;
+            let leave = || {
+                let left = commands.submit(key, Some(sequence), "suite", verb.clone());
+                async move { left.expect("left") }
+            };
+            let outcome = |id: String| async move { commands.outcome(&id).expect("read") };
+            until_carried_out(leave, outcome, Duration::from_millis(20)).await;
         }
     }
 
@@ -645,28 +660,13 @@ mod cluster {
     impl ClusterDriver {
         /// Leaves `verb` for `key`'s input `sequence` until it is carried out.
         async fn command(&mut self, key: &str, sequence: u64, verb: Verb) {
-            let started = Instant::now();
-            loop {
-                let command = self
-                    .commands
-                    .submit(key, Some(sequence), "suite", verb.clone())
-                    .await
-                    .expect("left");
-                let done = loop {
-                    if let Some(done) = self.commands.outcome(&command.id).await.expect("read") {
-                        break done;
-                    }
-                    assert!(
-                        started.elapsed() < PATIENCE,
-                        "the command was not carried out"
-                    );
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                };
-                if carried_out(done.outcome, started) {
-                    return;
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
+            let commands = &self.commands;
+            let leave = || async {
+                let left = commands.submit(key, Some(sequence), "suite", verb.clone());
+                left.await.expect("left")
+            };
+            let outcome = |id: String| async move { commands.outcome(&id).await.expect("read") };
+            until_carried_out(leave, outcome, Duration::from_millis(50)).await;
         }
     }
 
