@@ -10,12 +10,13 @@
 //! DIR/commands/done/ID.json   one carried out or refused, with its outcome
 //! ```
 //!
-//! IDs sort in the order the commands were left (milliseconds since the epoch, then random
+//! IDs sort in the order the commands were left (microseconds since the epoch, then random
 //! digits), and commands are carried out in that order. A command's effect is recorded in
 //! its state (a skip or cancel in the next checkpoint) before it moves to `done/`, so a crash between
 //! the two carries it out again, and finds it done.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
@@ -424,10 +425,23 @@ fn now_ms() -> u64 {
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
-/// Milliseconds since the epoch, then random digits: ids sort in the order they were made
-/// (within a millisecond, in any order).
+/// Microseconds since the epoch, then random digits: ids sort in the order they were made.
+/// Within a process each id's time is past the one before (two commands left in one
+/// microsecond, or across a step back of the clock, keep their order); between processes
+/// the clock orders them. Ids of older releases (milliseconds, 13 digits) sort before these
+/// of a later time: a `-` sorts before a digit.
 fn new_id() -> String {
-    format!("{:013}-{:08x}", now_ms(), rand::random::<u32>())
+    static LAST: AtomicU64 = AtomicU64::new(0);
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
+    let previous = LAST
+        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |last| {
+            Some(now.max(last + 1))
+        })
+        .unwrap_or_else(|last| last);
+    let micros = now.max(previous + 1);
+    format!("{micros:016}-{:08x}", rand::random::<u32>())
 }
 
 #[cfg(test)]
@@ -453,6 +467,19 @@ mod tests {
         assert_eq!(commands.pending_now().expect("read"), [second]);
         let done = commands.outcome(&first.id).expect("read").expect("done");
         assert_eq!((done.command, done.outcome), (Some(first), outcome));
+    }
+
+    /// Commands left one after another, many in one millisecond, are read back in the
+    /// order they were left: an operator's resolve then retry are carried out in that order.
+    #[test]
+    fn commands_left_in_one_instant_keep_their_order() {
+        let state = tempfile::tempdir().expect("tempdir");
+        let commands = CommandDir::of(state.path());
+        let left: Vec<Command> = (0..100)
+            .map(|n| commands.submit("k", Some(n), "op", Verb::Retry))
+            .collect::<Result<_, _>>()
+            .expect("left");
+        assert_eq!(commands.pending_now().expect("read"), left);
     }
 
     #[test]
