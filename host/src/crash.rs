@@ -2,11 +2,11 @@
 //!
 //! A process is armed with one point and a count, from `REWIND_CRASH_AT=POINT[:N]` (which
 //! `rewind run` and `rewind test` read at start; `serve` and `cluster` refuse to start with
-//! it set) or with [`arm`] (`rewind serve --crash-at`, honoured only by a build with the
-//! `test-hooks` feature: [`HOOKS`]). The `N`th time that point is reached, the
-//! process sends itself SIGKILL: no destructor runs, no buffer is flushed, no file is closed,
-//! exactly as if the machine's operator had killed it there. Unarmed, a point costs one
-//! atomic load.
+//! it set) or with [`arm`] (`--crash-at` of `rewind serve` and `rewind cluster run`,
+//! honoured only by a build with the `test-hooks` feature: [`HOOKS`]). The `N`th time that
+//! point is reached, the process sends itself SIGKILL: no destructor runs, no buffer is
+//! flushed, no file is closed, exactly as if the machine's operator had killed it there.
+//! Unarmed, a point costs one atomic load.
 //!
 //! The points mark the durable boundaries (docs/SEMANTICS.md, "The durable call" and
 //! "Checkpoints and recovery"), so a test can kill a run at each of them rather than at a
@@ -135,8 +135,9 @@ struct Armed {
 
 static ARMED: OnceLock<Armed> = OnceLock::new();
 
-/// Whether this build honours `rewind serve --crash-at`: only one with the `test-hooks`
-/// feature (the tests' build, through their dev-dependency), never a release.
+/// Whether this build honours `--crash-at` of `rewind serve` and `rewind cluster run`: only
+/// one with the `test-hooks` feature (the tests' build, through their dev-dependency), never
+/// a release.
 pub const HOOKS: bool = cfg!(feature = "test-hooks");
 
 /// Arms this process: it is killed the `crash.nth` time `crash.point` is reached. A process

@@ -68,6 +68,8 @@ enum ClusterCommand {
         /// A host that has not renewed its lease for this long loses its partitions.
         #[arg(long, default_value_t = 5_000)]
         lease_ttl_ms: u64,
+        #[command(flatten)]
+        crash: super::CrashHook,
     },
     /// Publish a JSONL file of inputs ({"key": ..., "payload": ...}) to an agent.
     Publish {
@@ -138,7 +140,9 @@ pub async fn cluster(
             group_commit,
             host,
             lease_ttl_ms,
+            crash,
         } => {
+            crash.arm()?;
             let file = AgentFile::load(&agent)?;
             let options = HostOptions {
                 nats: at.connect()?,

@@ -84,6 +84,36 @@ pub fn init_tracing(verbose: u8) {
         .init();
 }
 
+/// `--crash-at POINT[:N]` of the long-running commands (`serve`, `cluster run`): a test
+/// hook, honoured only by a build whose library has the `test-hooks` feature (the tests').
+/// It kills the process the Nth time it reaches POINT (`rewind_host::crash`); any other
+/// build refuses it. (`run` and `test` take the environment's `REWIND_CRASH_AT` instead.)
+#[cfg(any(feature = "server", feature = "jetstream"))]
+#[derive(Debug, Clone, clap::Args)]
+pub struct CrashHook {
+    #[arg(long, hide = true, value_name = "POINT[:N]")]
+    crash_at: Option<rewind_host::crash::Crash>,
+}
+
+#[cfg(any(feature = "server", feature = "jetstream"))]
+impl CrashHook {
+    /// Arms the process when a crash point was given.
+    pub fn arm(&self) -> anyhow::Result<()> {
+        let Some(crash) = self.crash_at else {
+            return Ok(());
+        };
+        if !rewind_host::crash::HOOKS {
+            anyhow::bail!(
+                "--crash-at is a test hook, and this build has none (only a build of the \
+                 library with the `test-hooks` feature, the tests', honours it)"
+            );
+        }
+        rewind_host::crash::arm(crash);
+        tracing::warn!("armed to crash at {crash}");
+        Ok(())
+    }
+}
+
 /// The environment variables that are test hooks: they kill the process at a durable
 /// boundary, count the boundaries it reaches, or make its clocks and random sources
 /// predictable.

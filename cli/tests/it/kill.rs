@@ -41,7 +41,9 @@ fn write_inputs(dir: &Path, count: u32) -> PathBuf {
     path
 }
 
-fn rewind_run(dir: &Path, agent: &Path, inputs: &Path) -> Command {
+/// `rewind run` of `agent` over `inputs`, in `dir`: outputs to `out.jsonl`, state in `state`,
+/// what it says appended to `stderr.log`.
+pub(crate) fn rewind_run(dir: &Path, agent: &Path, inputs: &Path) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_rewind"));
     command
         .current_dir(dir)

@@ -33,7 +33,7 @@ impl Host {
     }
 
     /// [`start`](Self::start), with more arguments for `rewind cluster run`.
-    pub(super) fn start_with(
+    pub(crate) fn start_with(
         dir: &Path,
         url: &str,
         name: &str,
@@ -118,7 +118,7 @@ impl Host {
 
     /// Waits for the host to exit by itself; a host still running after `within` fails the
     /// test (a guard against a hang, not a measure).
-    pub(super) async fn exited(&mut self, within: Duration) -> std::process::ExitStatus {
+    pub(crate) async fn exited(&mut self, within: Duration) -> std::process::ExitStatus {
         let until = Instant::now() + within;
         loop {
             let child = self.child.as_mut().expect("running");

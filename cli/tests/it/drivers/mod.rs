@@ -6,6 +6,9 @@
 //! (a command left in the state directory; the API's skip). [`driver_conformance_tests!`]
 //! makes one test per behaviour for a driver.
 //!
+//! Recovery after SIGKILL at the durable boundaries is the one behaviour that needs each
+//! front end as a process of its own; it is in [`killed`].
+//!
 //! Every input runs the caller guest; its agent retries nothing (`attempts = 1`), so an
 //! input that fails is parked at once. Its function `flaky` posts to a port nothing listens
 //! on until the test brings a service up there ([`Driver::bring_up`]).
@@ -27,6 +30,8 @@ use tokio::sync::mpsc;
 
 use crate::support::{agent_toml, agent_with, memory_store};
 
+mod killed;
+
 /// Longer than anything here takes on a loaded machine: only a lost output reaches it.
 const PATIENCE: Duration = Duration::from_secs(120);
 
@@ -36,6 +41,17 @@ pub struct Seen {
     pub key: String,
     pub sequence: u64,
     pub payload: Value,
+}
+
+impl Seen {
+    /// An output as JSON: a line `rewind run` wrote, or one of `rewind serve`'s outputs.
+    pub fn of_json(output: &Value) -> Self {
+        Self {
+            key: output["key"].as_str().expect("key").to_owned(),
+            sequence: output["sequence"].as_u64().expect("sequence"),
+            payload: output["payload"].clone(),
+        }
+    }
 }
 
 /// A front end of the core, driven as its users drive it.
@@ -582,12 +598,8 @@ mod serve {
             self.server
                 .wait_outputs("acme", &self.token, n)
                 .await
-                .into_iter()
-                .map(|o| Seen {
-                    key: o["key"].as_str().expect("key").to_owned(),
-                    sequence: o["sequence"].as_u64().expect("sequence"),
-                    payload: o["payload"].clone(),
-                })
+                .iter()
+                .map(Seen::of_json)
                 .collect()
         }
 
@@ -655,6 +667,30 @@ mod cluster {
         commands: ClusterCommands,
         submitted: usize,
         down: std::net::SocketAddr,
+    }
+
+    /// Every output of the cluster at `url`, once `n` are written.
+    pub async fn written(url: &str, n: usize) -> Vec<Seen> {
+        let started = Instant::now();
+        loop {
+            let written = outputs(url, 1).await;
+            if written.len() >= n {
+                return written
+                    .into_iter()
+                    .map(|o| Seen {
+                        key: o.key.clone(),
+                        sequence: o.sequence,
+                        payload: serde_json::from_str(o.payload.get()).expect("JSON"),
+                    })
+                    .collect();
+            }
+            assert!(
+                started.elapsed() < PATIENCE,
+                "{} of {n} outputs",
+                written.len()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     impl ClusterDriver {
@@ -725,26 +761,7 @@ mod cluster {
         }
 
         async fn outputs(&mut self, n: usize) -> Vec<Seen> {
-            let started = Instant::now();
-            loop {
-                let written = outputs(&self.url, 1).await;
-                if written.len() >= n {
-                    return written
-                        .into_iter()
-                        .map(|o| Seen {
-                            key: o.key.clone(),
-                            sequence: o.sequence,
-                            payload: serde_json::from_str(o.payload.get()).expect("JSON"),
-                        })
-                        .collect();
-                }
-                assert!(
-                    started.elapsed() < PATIENCE,
-                    "{} of {n} outputs",
-                    written.len()
-                );
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
+            written(&self.url, n).await
         }
 
         async fn skip(&mut self, key: &str, sequence: u64) {
