@@ -9,8 +9,8 @@
 //! Recovery after SIGKILL at the durable boundaries is the one behaviour that needs each
 //! front end as a process of its own; it is in [`killed`].
 //!
-//! Every input runs the caller guest; its agent retries nothing (`attempts = 1`), so an
-//! input that fails is parked at once. Its function `flaky` posts to a port nothing listens
+//! Every input runs the caller guest; its agent tries an input twice (`[retry] attempts =
+//! 2`, a millisecond apart), so an input that fails is parked almost at once. Its function `flaky` posts to a port nothing listens
 //! on until the test brings a service up there ([`Driver::bring_up`]).
 
 use std::collections::HashSet;
@@ -28,6 +28,7 @@ use rewind_host::keys::{Checkpointing, RunOptions, run_inputs};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
+use crate::serve::Endpoint;
 use crate::support::{agent_toml, agent_with, memory_store};
 
 mod killed;
@@ -69,14 +70,29 @@ pub trait Driver: Send {
     async fn cancel(&mut self, key: &str, sequence: u64);
     /// Returns once `key`'s input `sequence` is parked, as the front end shows it.
     async fn parked(&mut self, key: &str, sequence: u64);
-    /// Starts a service where `flaky` posts: its calls answer from now on.
-    async fn bring_up(&mut self);
+    /// Starts a service where `flaky` posts: its calls answer from now on (a `gated` one
+    /// only as the test opens its gate). It counts the requests that reach it.
+    async fn bring_up(&mut self, gated: bool) -> Endpoint;
 }
 
 /// The `flaky` function's declaration in agent.toml, posting to `at`.
 fn flaky(at: std::net::SocketAddr) -> String {
     format!("[functions.flaky]\nkind = \"http\"\nurl = \"http://{at}/\"\nretries = 0\n")
 }
+
+/// A service at `at` where `flaky` posts (see [`Driver::bring_up`]).
+async fn up(at: std::net::SocketAddr, gated: bool) -> Endpoint {
+    let at = at.to_string();
+    let (_, endpoint) = if gated {
+        Endpoint::gated_at(&at).await
+    } else {
+        Endpoint::start_at(&at).await
+    };
+    endpoint
+}
+
+/// Every driver's agent's `[retry]`: two attempts, a millisecond apart.
+const RETRY: &str = "[retry]\nattempts = 2\ninitial-ms = 1\nmax-ms = 1\n";
 
 /// A port on loopback that nothing listens on (until [`Driver::bring_up`]).
 fn down_port() -> std::net::SocketAddr {
@@ -93,7 +109,7 @@ pub async fn a_retried_parked_input_runs_again_and_its_key_goes_on(driver: &mut 
         .await;
     driver.submit("k", json!({})).await;
     driver.parked("k", 1).await;
-    driver.bring_up().await;
+    driver.bring_up(false).await;
     driver.retry("k", 1).await;
     let outputs = driver.outputs(2).await;
     let of_k: Vec<u64> = outputs
@@ -127,6 +143,37 @@ pub async fn a_keys_inputs_run_in_order_each_seeing_the_memory_before_it(driver:
         .map(|n| (n, if n == 1 { Value::Null } else { json!(n - 1) }))
         .collect();
     assert_eq!(seen, expected);
+}
+
+/// Keys in parallel: while one key's input waits on its call, another key's inputs run.
+pub async fn keys_run_in_parallel(driver: &mut dyn Driver) {
+    let gate = driver.bring_up(true).await;
+    driver
+        .submit("slow", json!({ "calls": [{ "function": "flaky" }] }))
+        .await;
+    let started = Instant::now();
+    while gate.count() == 0 {
+        assert!(
+            started.elapsed() < PATIENCE,
+            "the slow key's call was not made"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    for _ in 0..3 {
+        driver.submit("quick", json!({})).await;
+    }
+    let outputs = driver.outputs(3).await;
+    assert!(
+        outputs.iter().all(|o| o.key == "quick"),
+        "the quick key's inputs ran while the slow one's call waited: {outputs:?}"
+    );
+    gate.open(1);
+    // (Across keys, a front end may list its outputs in any order: a cluster's by partition.)
+    let outputs = driver.outputs(4).await;
+    let slow: Vec<u64> = (outputs.iter().filter(|o| o.key == "slow"))
+        .map(|o| o.sequence)
+        .collect();
+    assert_eq!(slow, [1], "{outputs:?}");
 }
 
 /// Outputs once: every input's output is written once, whatever the keys.
@@ -194,13 +241,34 @@ pub async fn a_cancelled_parked_input_never_runs_again_and_its_key_goes_on(
     driver.submit("k", json!({ "memory_get": ["n"] })).await;
     driver.parked("k", 1).await;
     driver.cancel("k", 1).await;
-    driver.bring_up().await;
+    driver.bring_up(false).await;
     let outputs = driver.outputs(1).await;
     let ran: Vec<(String, u64)> = outputs
         .iter()
         .map(|o| (o.key.clone(), o.sequence))
         .collect();
     assert_eq!(ran, [("k".to_owned(), 2)], "#1 was cancelled, #2 ran");
+}
+
+/// Retries: a failed input is tried again with the calls it made served from their records,
+/// so no retry repeats an external call; after its last attempt it is parked, and once
+/// skipped its key goes on.
+pub async fn a_failed_input_is_retried_with_its_calls_served_from_records_then_parked(
+    driver: &mut dyn Driver,
+) {
+    let endpoint = driver.bring_up(false).await;
+    let fails = json!({ "calls": [{ "function": "flaky" }], "fail": "after its call" });
+    driver.submit("k", fails).await;
+    driver.submit("k", json!({})).await;
+    driver.parked("k", 1).await;
+    assert_eq!(
+        endpoint.count(),
+        1,
+        "two attempts, one request: the second was served its record"
+    );
+    driver.skip("k", 1).await;
+    let outputs = driver.outputs(1).await;
+    assert_eq!((outputs[0].key.as_str(), outputs[0].sequence), ("k", 2));
 }
 
 /// Inputs queued behind a parked one in [`ten_thousand_inputs_behind_a_parked_one_stall_no_other_key`].
@@ -309,6 +377,21 @@ macro_rules! driver_conformance_tests {
         }
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_failed_input_is_retried_with_its_calls_served_from_records_then_parked() {
+            let (mut driver, _guard) = $make().await;
+            $crate::drivers::a_failed_input_is_retried_with_its_calls_served_from_records_then_parked(
+                &mut *driver,
+            )
+            .await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn keys_run_in_parallel() {
+            let (mut driver, _guard) = $make().await;
+            $crate::drivers::keys_run_in_parallel(&mut *driver).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn every_input_gives_its_output_once() {
             let (mut driver, _guard) = $make().await;
             $crate::drivers::every_input_gives_its_output_once(&mut *driver).await;
@@ -385,11 +468,7 @@ mod run {
     pub async fn make() -> (Box<dyn Driver>, tempfile::TempDir) {
         let state = tempfile::tempdir().expect("tempdir");
         let down = down_port();
-        let toml = agent_toml(
-            "caller",
-            "",
-            &format!("[retry]\nattempts = 1\n{}", flaky(down)),
-        );
+        let toml = agent_toml("caller", "", &format!("{RETRY}{}", flaky(down)));
         let agent = Arc::new(agent_with(&toml, memory_store(), &[]));
         let checkpoints = Arc::new(FileCheckpoints::new(state.path().join("checkpoints")));
         let commands = CommandDir::of(state.path());
@@ -498,8 +577,8 @@ mod run {
             }
         }
 
-        async fn bring_up(&mut self) {
-            crate::serve::Endpoint::start_at(&self.down.to_string()).await;
+        async fn bring_up(&mut self, gated: bool) -> Endpoint {
+            up(self.down, gated).await
         }
     }
 
@@ -571,7 +650,13 @@ mod serve {
         let server = Server::start(dir.path(), &config).await;
         let token = server.tenant("acme").await;
         server
-            .deploy("acme", &token, "bot", "caller", &flaky(down))
+            .deploy(
+                "acme",
+                &token,
+                "bot",
+                "caller",
+                &format!("{RETRY}{}", flaky(down)),
+            )
             .await;
         let driver = ServeDriver {
             server,
@@ -636,8 +721,8 @@ mod serve {
             }
         }
 
-        async fn bring_up(&mut self) {
-            crate::serve::Endpoint::start_at(&self.down.to_string()).await;
+        async fn bring_up(&mut self, gated: bool) -> Endpoint {
+            up(self.down, gated).await
         }
     }
 
@@ -714,9 +799,8 @@ mod cluster {
         std::fs::write(
             dir.path().join("agent.toml"),
             format!(
-                "name = \"billing\"\n\n[state]\ncheckpoint-every-ms = 100\n\n[retry]\n\
-                 attempts = 1\n\n[[actions]]\nname = \"work\"\ncomponent = {:?}\n\
-                 on = [\"input\"]\n{}",
+                "name = \"billing\"\n\n[state]\ncheckpoint-every-ms = 100\n\n{RETRY}\n\
+                 [[actions]]\nname = \"work\"\ncomponent = {:?}\non = [\"input\"]\n{}",
                 guest("caller").display().to_string(),
                 flaky(down)
             ),
@@ -793,8 +877,8 @@ mod cluster {
             }
         }
 
-        async fn bring_up(&mut self) {
-            crate::serve::Endpoint::start_at(&self.down.to_string()).await;
+        async fn bring_up(&mut self, gated: bool) -> Endpoint {
+            up(self.down, gated).await
         }
     }
 
