@@ -39,6 +39,9 @@ pub struct Server {
     /// Stops it (see [`Server::stop`]).
     shutdown: tokio::sync::oneshot::Sender<()>,
     serving: tokio::task::JoinHandle<std::io::Result<()>>,
+    /// The server's state, which holds its state directory's lock until the last of its
+    /// holders lets it go.
+    state: std::sync::Weak<ServerState>,
 }
 
 impl Server {
@@ -54,6 +57,7 @@ impl Server {
             .await
             .expect("the server starts");
         let scheme = state.scheme();
+        let held = Arc::downgrade(&state);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind");
@@ -70,17 +74,28 @@ impl Server {
             client: reqwest::Client::new(),
             shutdown,
             serving,
+            state: held,
         }
     }
 
     /// Stops the server as a signal would, and waits until it has let go of its state
-    /// directory, for another to start on it.
+    /// directory, for another to start on it: `serve` returns once its connections are
+    /// closed, but a connection's task may still be dropping its clone of the router (and
+    /// so of the state, which holds the directory's lock) on another thread.
     pub async fn stop(self) {
         let _ = self.shutdown.send(());
         self.serving
             .await
             .expect("the server's task")
             .expect("the server stopped cleanly");
+        let started = Instant::now();
+        while self.state.strong_count() > 0 {
+            assert!(
+                started.elapsed() < Duration::from_secs(60),
+                "the server's state is still held a minute after it stopped"
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
     }
 
     pub fn url(&self, path: &str) -> String {
