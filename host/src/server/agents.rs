@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use super::config::TenantPolicy;
 use super::quota::QuotaExceeded;
+use super::states::{States, Wanted};
 use super::tenants::check_name;
 use crate::agent::{Agent, AgentFile, Secrets};
 use crate::durable::CallBudget;
@@ -72,7 +73,7 @@ impl Versions {
 pub struct Builder {
     pub tenant: String,
     pub sandbox: Arc<Sandbox>,
-    pub store: Arc<dyn ActionStateStore>,
+    pub states: Arc<States>,
     pub policy: TenantPolicy,
     pub budget: Arc<dyn CallBudget>,
 }
@@ -89,13 +90,6 @@ impl Builder {
         check_actions(&file)?;
         let raw: toml::Table =
             toml::from_str(text).map_err(|e| DefineError::Invalid(e.to_string()))?;
-        if raw.contains_key("state") {
-            return Err(DefineError::Invalid(
-                "[state] does not apply to an agent that `rewind serve` runs: the server keeps \
-                 its state"
-                    .to_owned(),
-            ));
-        }
         // A key agent.toml sets, by its path (limits it does not set are defaults).
         let raw = toml::Value::Table(raw);
         let given = |path: &[&str]| {
@@ -107,12 +101,31 @@ impl Builder {
         };
         let config = &mut file.config;
         self.policy.quotas.fit(config, &given)?;
+        let wanted = Wanted {
+            config: &config.state,
+            partitions_given: raw.get("state").and_then(|s| s.get("partitions")).is_some(),
+        };
+        if strict {
+            wanted
+                .check()
+                .map_err(|e| DefineError::Invalid(e.to_string()))?;
+        }
+        let (state, differs) = (self.states)
+            .of(&config.name, &wanted)
+            .map_err(|e| DefineError::Build(e.to_string()))?;
+        if let Some(differs) = differs {
+            if strict {
+                return Err(DefineError::Invalid(differs));
+            }
+            tracing::warn!(tenant = %self.tenant, agent = %config.name,
+                "{differs}: this version runs on the state as it is");
+        }
         for action in &mut config.actions {
             action.component = PathBuf::from(format!("{}.wasm", action.name));
         }
         Agent::builder(file, Arc::clone(&self.sandbox))
             .tenant(&self.tenant)
-            .store(Arc::clone(&self.store))
+            .store(Arc::clone(&state.store) as Arc<dyn ActionStateStore>)
             .secrets(Secrets::Named {
                 tenant: self.tenant.clone(),
                 values: Arc::clone(&self.policy.secrets),

@@ -15,6 +15,7 @@ mod config;
 mod journal;
 mod quota;
 mod runtime;
+mod states;
 mod tenants;
 mod tls;
 

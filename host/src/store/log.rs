@@ -38,6 +38,16 @@ pub enum MarkerStrategy {
     Offsets,
 }
 
+impl MarkerStrategy {
+    /// Its name in `[state] marker`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Refresh => "refresh",
+            Self::Offsets => "offsets",
+        }
+    }
+}
+
 /// A cached state: its newest version, as the log holds it.
 #[derive(Debug)]
 struct Cached {

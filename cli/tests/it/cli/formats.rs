@@ -1,7 +1,13 @@
-//! State written by earlier builds opens: a `rewind run` state directory of the format this
-//! build writes is in `host/tests/fixtures/run-state` (written by the build of 2026-12-07,
-//! before every file carried a format version: a parked input, a skip, memory, a recorded
-//! call), and a run resumes from it.
+//! State written by earlier builds opens:
+//! - a `rewind run` state directory of the format this build writes is in
+//!   `host/tests/fixtures/run-state` (written by the build of 2026-12-07, before every file
+//!   carried a format version: a parked input, a skip, memory, a recorded call), and a run
+//!   resumes from it;
+//! - a `rewind serve` state directory of the build before each agent had a state log of its
+//!   own is in `host/tests/fixtures/serve-state` (written by 9d7ebf4, killed at
+//!   `after-record:1`: tenant `acme`, agent `bot`, key `k`'s input #1 done, #2 killed with
+//!   its `clock` call recorded in the tenant's one state log; its token in `token`; the
+//!   components left out, put back from the guests built here), and a server resumes it.
 
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::Path;
@@ -94,4 +100,62 @@ fn a_run_state_of_the_format_before_versions_opens_and_a_run_resumes_from_it() {
         inspect(dir.path()).contains("skipped: bo #1 by t: done by hand"),
         "the fixture's history goes on"
     );
+}
+
+#[tokio::test]
+async fn a_serve_state_of_the_build_before_per_agent_state_logs_resumes_its_input_in_flight() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fixture = workspace_root().join("host/tests/fixtures/serve-state");
+    let state = dir.path().join("state");
+    copy_state(&fixture.join("state"), &state);
+    let tenant = state.join("tenants/acme");
+    for pinned in ["components/worker.wasm", "agents/bot/1/work.wasm"] {
+        let path = tenant.join(pinned);
+        std::fs::create_dir_all(path.parent().expect("a parent")).expect("mkdir");
+        std::fs::copy(guest("caller"), path).expect("the guest");
+    }
+    let token = std::fs::read_to_string(fixture.join("token")).expect("the token");
+    let token = token.trim();
+    let started_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("a clock")
+        .as_millis();
+
+    let server = crate::serve::Server::start(&state, "").await;
+    let outputs = server.wait_outputs("acme", token, 2).await;
+    assert_eq!(
+        outputs.len(),
+        2,
+        "#1's output, kept; #2's, once: {outputs:?}"
+    );
+    let second = &outputs[1]["payload"];
+    assert_eq!(second["memory"]["n"], 1, "the memory #1 left: {second}");
+    let recorded = second["results"][0]["ok"]["unix_ms"]
+        .as_u64()
+        .expect("the clock's answer");
+    assert!(
+        u128::from(recorded) < started_ms,
+        "the clock call recorded before the kill is served from its record ({recorded}), not \
+         made again now ({started_ms})"
+    );
+    // The agent defined then keeps the tenant's one state log; a new agent has its own.
+    let (status, body) = server
+        .define("acme", token, &crate::serve::agent("fresh", "worker", ""))
+        .await;
+    assert_eq!(status, reqwest::StatusCode::CREATED, "{body}");
+    assert!(tenant.join("states/fresh").is_dir());
+    assert!(!tenant.join("states/bot").exists());
+    let (status, body) = server
+        .submit(
+            "acme",
+            token,
+            "bot",
+            "e2",
+            "k",
+            serde_json::json!({ "memory_get": ["n"] }),
+        )
+        .await;
+    assert_eq!(status, reqwest::StatusCode::ACCEPTED, "{body}");
+    let outputs = server.wait_outputs("acme", token, 3).await;
+    assert_eq!(outputs[2]["payload"]["memory"]["n"], 2, "{outputs:?}");
 }

@@ -355,7 +355,10 @@ mod serve {
                 .body(wasm);
             let (status, body) = send(upload, Some(&self.token)).await;
             assert_eq!(status, StatusCode::CREATED, "{body}");
-            let toml = agent("bot", "worker", &function(&self.url));
+            // Compacted after every input, each time writing the states of the input in
+            // flight again (`refresh`): recovery finds them past the segments deleted.
+            let state = "[state]\nmarker = \"refresh\"\ncheckpoint-every-inputs = 1\n";
+            let toml = agent("bot", "worker", &format!("{state}{}", function(&self.url)));
             let define = (self.client)
                 .post(format!("{base}/v1/tenants/acme/agents"))
                 .body(toml);

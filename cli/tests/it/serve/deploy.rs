@@ -25,10 +25,16 @@ async fn a_bad_agent_definition_is_refused_with_what_is_wrong() {
             "nothing-here",
         ),
         (
-            agent("a", "worker", "[state]\npartitions = 2\n"),
+            agent("a", "worker", "[state]\npartitions = 200\n"),
             StatusCode::BAD_REQUEST,
             "bad-agent",
-            "[state]",
+            "[state] partitions = 200: a server keeps 1 to 64",
+        ),
+        (
+            agent("a", "worker", "[state]\ncheckpoint-every-ms = 5\n"),
+            StatusCode::BAD_REQUEST,
+            "bad-agent",
+            "checkpoint-every-ms = 5",
         ),
         (
             agent("Not A Name", "worker", ""),
@@ -221,4 +227,69 @@ fn with_token(mut request: reqwest::Request, token: &str) -> reqwest::Request {
         format!("Bearer {token}").parse().expect("a header"),
     );
     request
+}
+
+/// An agent's `[state]` under `serve`: its own state log, with the partitions it asks for
+/// (the default otherwise); its partitions and marker are fixed for its life on the server,
+/// its compaction cadence is the newest version's.
+#[tokio::test]
+async fn each_agent_keeps_its_state_as_its_state_section_says_and_fixed_for_its_life() {
+    use rewind_host::log::FileLog;
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = Server::start(dir.path(), "").await;
+    let acme = server.tenant("acme").await;
+    let refresh = "[state]\npartitions = 2\nmarker = \"refresh\"\ncheckpoint-every-inputs = 1\n";
+    server.deploy("acme", &acme, "bot", "caller", refresh).await;
+    let (status, body) = server
+        .define("acme", &acme, &agent("plain", "worker", ""))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    for (i, agent_name) in ["bot", "plain", "bot"].iter().enumerate() {
+        let payload = json!({ "memory_set": { "n": i } });
+        let (status, body) = server
+            .submit("acme", &acme, agent_name, &format!("e{i}"), "k", payload)
+            .await;
+        assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    }
+    server.wait_outputs("acme", &acme, 3).await;
+    let states = dir.path().join("tenants/acme/states");
+    let partitions = |agent: &str| FileLog::partitions_in(&states.join(agent)).expect("read");
+    assert_eq!(
+        (partitions("bot"), partitions("plain")),
+        (Some(2), Some(8)),
+        "the partitions asked for, and the default"
+    );
+
+    for (changed, says) in [
+        (
+            "[state]\npartitions = 2\n",
+            "marker = \"offsets\" (its state keeps \"refresh\")",
+        ),
+        (
+            "[state]\npartitions = 3\nmarker = \"refresh\"\n",
+            "partitions = 3 (its state log has 2)",
+        ),
+    ] {
+        let (status, body) = server
+            .define("acme", &acme, &agent("bot", "worker", changed))
+            .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{changed}: {body}");
+        let error = body["error"].as_str().unwrap_or_default();
+        assert!(
+            error.contains(says) && error.contains("fixed for its life"),
+            "{changed}: {error}"
+        );
+    }
+    // The cadence may change; partitions left out take the state's.
+    let cadence = "[state]\nmarker = \"refresh\"\ncheckpoint-every-ms = 500\n";
+    let (status, body) = server
+        .define("acme", &acme, &agent("bot", "worker", cadence))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let (status, body) = server
+        .submit("acme", &acme, "bot", "e3", "k", json!({}))
+        .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    server.wait_outputs("acme", &acme, 4).await;
 }

@@ -24,11 +24,10 @@ use crate::server::journal::{
     Parked, Retried,
 };
 use crate::server::quota::{PerMinute, QuotaExceeded};
-use crate::store::{ActionStateStore, CallOutcome, KeyScope, LogStore};
+use crate::server::states::States;
+use crate::store::{ActionStateStore, CallOutcome, KeyScope};
 use crate::text;
 
-/// How often, at most, the state log is compacted (checked as inputs finish).
-const COMPACT_EVERY: Duration = Duration::from_secs(1);
 /// How stale the stored-bytes figure may be before the tenant's directory is walked again.
 const STORED_REFRESH: Duration = Duration::from_millis(500);
 
@@ -130,9 +129,8 @@ pub(super) struct Tenant {
     pub dir: PathBuf,
     pub policy: TenantPolicy,
     pub journal: Arc<dyn Log>,
-    pub state_log: Arc<dyn Log>,
-    pub store: Arc<LogStore>,
-    pub compacted: Mutex<Instant>,
+    /// Each agent's state log and store.
+    pub states: Arc<States>,
     /// The journal failed a write: nothing more is accepted or started until a restart.
     pub broken: AtomicBool,
     pub budget: Arc<PerMinute>,
@@ -317,41 +315,26 @@ impl Tenant {
         fault
     }
 
-    /// At most every [`COMPACT_EVERY`]: deletes the state log's segments below the store's
-    /// marker. Only states of finished inputs (pruned from the cache) are there; recovery
-    /// rebuilds from what is left and prunes those again by the journal.
-    async fn compact_if_due(&self) {
-        {
-            let mut last = self.compacted.lock().unwrap_or_else(|p| p.into_inner());
-            if last.elapsed() < COMPACT_EVERY {
-                return;
-            }
-            *last = Instant::now();
-        }
-        let marker = match self.store.marker().await {
-            Ok(marker) => marker,
-            Err(error) => {
-                tracing::warn!(tenant = %self.name, "compacting the state log: {error}");
-                return;
-            }
-        };
-        for (partition, &offset) in (0..).zip(&marker.offsets) {
-            if let Err(error) = self.state_log.delete_below(partition, offset).await {
-                tracing::warn!(tenant = %self.name, partition, "compacting the state log: {error}");
-            }
-        }
-        self.stored.lock().unwrap_or_else(|p| p.into_inner()).0 = None;
-    }
-
     /// The input `sequence` of `key` finished at `offset`: its recorded states go, and the
-    /// tenant's counts follow.
+    /// tenant's counts follow. When its agent's `[state]` cadence says so, the agent's state
+    /// log is compacted: its segments below the store's marker go (only states of finished
+    /// inputs, pruned from the cache, are there; recovery rebuilds from what is left and
+    /// prunes those again by the journal).
     async fn finished(&self, key: &AgentKey, sequence: u64, offset: Offset) {
-        let scope = KeyScope::new(&self.name, &key.agent, &key.key);
-        if let Err(error) = self.store.prune(&scope, sequence).await {
-            tracing::warn!(tenant = %self.name, agent = %key.agent, key = %key.key, sequence,
-                "pruning the input's states: {error}");
+        if let Some(state) = self.states.get(&key.agent) {
+            let scope = KeyScope::new(&self.name, &key.agent, &key.key);
+            if let Err(error) = state.store.prune(&scope, sequence).await {
+                tracing::warn!(tenant = %self.name, agent = %key.agent, key = %key.key, sequence,
+                    "pruning the input's states: {error}");
+            }
+            if state.finished_one() {
+                if let Err(error) = state.compact().await {
+                    tracing::warn!(tenant = %self.name, agent = %key.agent,
+                        "compacting the state log: {error}");
+                }
+                self.stored.lock().unwrap_or_else(|p| p.into_inner()).0 = None;
+            }
         }
-        self.compact_if_due().await;
         let mut ledger = self.ledger();
         ledger.in_flight = ledger.in_flight.saturating_sub(1);
         ledger
@@ -391,7 +374,7 @@ impl Tenant {
             by: None,
             reason: None,
             outputs: 0,
-            actions: summarize(&*self.store, &scope, sequence),
+            actions: summarize(&self.states, &scope, sequence),
             memory: (**memory).clone(),
             finished_at: journal::now_ms(),
         }
@@ -619,12 +602,12 @@ impl Front for Tenant {
 }
 
 /// The recorded action states of one input, as the history shows them.
-pub(super) fn summarize(
-    store: &dyn ActionStateStore,
-    scope: &KeyScope,
-    sequence: u64,
-) -> Vec<ActionSummary> {
-    store
+pub(super) fn summarize(states: &States, scope: &KeyScope, sequence: u64) -> Vec<ActionSummary> {
+    let Some(state) = states.get(&scope.agent) else {
+        return Vec::new();
+    };
+    state
+        .store
         .states(scope)
         .into_iter()
         .filter(|state| state.key.sequence == sequence)

@@ -10,7 +10,6 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::Instant;
 
 use serde::Serialize;
 use serde_json::value::RawValue;
@@ -28,19 +27,14 @@ use super::journal::{
     OUTPUTS,
 };
 use super::quota::{PerMinute, QuotaExceeded};
-use crate::checkpoint;
+use super::states::{StateError, States};
 use crate::durable::{self, Answer};
 use crate::event::{Input, OutputId, OutputRecord};
 use crate::keys::{Cancelling, CommandError, Head, HostFault, Keys, Queued};
 use crate::log::{FileLog, FileLogOptions, Log, LogError, Recovery};
 use crate::sandbox::Sandbox;
 use crate::state_dir::{StateDirError, incarnation_of};
-use crate::store::{ActionStateStore, KeyScope, LogStore, MarkerStrategy, StoreError};
-
-/// Partitions of a tenant's state log.
-const STATE_PARTITIONS: u32 = 4;
-/// Segments of a tenant's state log: whole segments are what compaction deletes.
-const STATE_SEGMENT_BYTES: u64 = 1 << 20;
+use crate::store::{ActionStateStore, KeyScope, StoreError};
 
 /// Why a tenant's runtime could not be opened.
 #[derive(Debug, thiserror::Error)]
@@ -55,6 +49,8 @@ pub enum OpenError {
     Journal { tenant: String, error: JournalError },
     #[error("tenant {tenant}: recovering its recorded calls: {error}")]
     Store { tenant: String, error: StoreError },
+    #[error("tenant {tenant}: {error}")]
+    State { tenant: String, error: StateError },
     #[error("tenant {tenant}: loading its agents: {error}")]
     Agents {
         tenant: String,
@@ -377,62 +373,37 @@ impl TenantRuntime {
         compute: tokio::runtime::Handle,
         lifecycle: Arc<Lifecycle>,
     ) -> Result<Arc<Self>, OpenError> {
-        let log_error = |what, error| OpenError::Log {
-            tenant: name.to_owned(),
-            what,
-            error,
+        let options = FileLogOptions {
+            partitions: journal::PARTITIONS,
+            recovery: Recovery::TruncateTornTail,
+            contents: Some(journal::CONTENTS),
+            ..FileLogOptions::default()
         };
-        let open_log = |sub: &str, partitions, segment_bytes, contents| {
-            FileLog::open(
-                &dir.join(sub),
-                FileLogOptions {
-                    partitions,
-                    segment_bytes,
-                    recovery: Recovery::TruncateTornTail,
-                    contents,
-                    ..FileLogOptions::default()
-                },
-            )
-            .map(|(log, _)| Arc::new(log) as Arc<dyn Log>)
-        };
-        let journal = open_log(
-            "journal",
-            journal::PARTITIONS,
-            FileLogOptions::default().segment_bytes,
-            Some(journal::CONTENTS),
-        )
-        .map_err(|e| log_error("its journal", e))?;
-        // Its records are states, each with its own version byte.
-        let state_log = open_log("state", STATE_PARTITIONS, STATE_SEGMENT_BYTES, None)
-            .map_err(|e| log_error("its state log", e))?;
+        let (journal, _) =
+            FileLog::open(&dir.join("journal"), options).map_err(|error| OpenError::Log {
+                tenant: name.to_owned(),
+                what: "its journal",
+                error,
+            })?;
+        let journal: Arc<dyn Log> = Arc::new(journal);
         // Made with the tenant's directory: a tenant made again under the same name, in a
         // new directory, makes new idempotency keys.
         let incarnation = incarnation_of(&dir).map_err(|error| OpenError::Dir {
             tenant: name.to_owned(),
             error,
         })?;
-        let store = Arc::new(LogStore::new(
-            Arc::clone(&state_log),
-            MarkerStrategy::Offsets,
-            incarnation,
-        ));
-        // No checkpoints (yet): the cache is rebuilt from what the log holds, and the
-        // journal's finished inputs are pruned again as it is read back.
-        let rebuilt = match checkpoint::log_start(&*state_log).await {
-            Ok(start) => store.rebuild(&start).await,
-            Err(error) => Err(error),
-        };
-        rebuilt.map_err(|error| OpenError::Store {
+        let states = States::open(&dir, incarnation).map_err(|error| OpenError::State {
             tenant: name.to_owned(),
             error,
         })?;
+        let states = Arc::new(states);
         let budget = Arc::new(PerMinute::calls(policy.quotas.calls_per_minute));
         // The tenant's compiled components are its own, and count toward its `stored-bytes`.
         let compiled = sandbox.cache().dir().map(|_| dir.join("compiled"));
         let builder = super::agents::Builder {
             tenant: name.to_owned(),
             sandbox: Arc::new(sandbox.with_cache_dir(compiled)),
-            store: Arc::clone(&store) as Arc<dyn ActionStateStore>,
+            states: Arc::clone(&states),
             policy: policy.clone(),
             budget: Arc::clone(&budget) as Arc<dyn durable::CallBudget>,
         };
@@ -440,6 +411,15 @@ impl TenantRuntime {
             tenant: name.to_owned(),
             error,
         })?;
+        // The cache of recorded calls, from what each state log holds; the journal's
+        // finished inputs are pruned again as it is read back.
+        states
+            .rebuild_opened()
+            .await
+            .map_err(|error| OpenError::State {
+                tenant: name.to_owned(),
+                error,
+            })?;
         let tenant = Arc::new(Tenant {
             name: name.to_owned(),
             runs: Arc::new(Semaphore::new(policy.quotas.concurrent_runs as usize)),
@@ -447,9 +427,7 @@ impl TenantRuntime {
             dir,
             policy,
             journal,
-            state_log,
-            store,
-            compacted: Mutex::new(Instant::now()),
+            states,
             broken: AtomicBool::new(false),
             budget,
             builder,
@@ -530,16 +508,16 @@ impl TenantRuntime {
         }
         let mut keys = Vec::with_capacity(folded.keys.len());
         for (key, state) in folded.keys {
-            if let Some(sequence) = state.last_finished {
+            if let Some(sequence) = state.last_finished
+                && let Some(agent_state) = tenant.states.get(&key.agent)
+            {
                 let scope = KeyScope::new(&tenant.name, &key.agent, &key.key);
-                tenant
-                    .store
-                    .prune(&scope, sequence)
-                    .await
-                    .map_err(|error| OpenError::Store {
+                (agent_state.store.prune(&scope, sequence).await).map_err(|error| {
+                    OpenError::Store {
                         tenant: tenant.name.clone(),
                         error,
-                    })?;
+                    }
+                })?;
             }
             ledger.keys.insert(key.clone(), state.ledger);
             keys.push((key, state.next, state.memory));
@@ -616,6 +594,11 @@ impl TenantRuntime {
             tokio::task::spawn_blocking(move || builder.define(&dir, &text))
                 .await
                 .map_err(|e| DefineError::Build(format!("defining the agent failed: {e}")))??;
+        // A state opened for the first time since the start (a new agent's, or that of one
+        // whose versions could not be loaded then) holds what its log holds.
+        if let Err(error) = tenant.states.rebuild_opened().await {
+            return Err(DefineError::Build(error.to_string()));
+        }
         {
             let mut agents = tenant.agents.write().unwrap_or_else(|p| p.into_inner());
             let versions = agents.entry(name.clone()).or_default();
@@ -911,7 +894,7 @@ impl TenantRuntime {
                     // Between its run and its record.
                     _ => (InputStatus::Running, None, None),
                 };
-                entry.actions = action_runs(summarize(&*tenant.store, &scope, sequence));
+                entry.actions = action_runs(summarize(&tenant.states, &scope, sequence));
             }
             history.push(entry);
         }
@@ -1008,9 +991,12 @@ impl TenantRuntime {
         let tenant = Arc::clone(&self.tenant);
         let scope = KeyScope::new(&self.tenant.name, agent, key);
         let (who, of) = (by.to_owned(), id.clone());
+        let state = (tenant.states.get(agent)).ok_or_else(|| {
+            CommandRefused::UnknownAgent(format!("{agent} (none of its versions could be loaded)"))
+        })?;
         let resolve = |queued: Queued<Entry>| async move {
             let resolved = durable::resolve(
-                &*tenant.store,
+                &*state.store,
                 &scope,
                 sequence,
                 action.as_deref(),
