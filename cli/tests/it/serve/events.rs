@@ -2,6 +2,8 @@
 
 use std::time::{Duration, Instant};
 
+use eventsource_stream::Eventsource;
+use futures_util::StreamExt;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
@@ -240,31 +242,18 @@ async fn a_failed_input_is_retried_then_parked_listed_and_once_skipped_the_key_g
 }
 
 /// Reads server-sent events from `response` until `n` outputs came; their ids and data.
-async fn read_events(response: &mut reqwest::Response, n: usize) -> Vec<(u64, Value)> {
-    let mut buffer = String::new();
+async fn read_events(response: reqwest::Response, n: usize) -> Vec<(u64, Value)> {
+    let mut stream = response.bytes_stream().eventsource();
     let mut events = Vec::new();
     while events.len() < n {
-        let chunk = tokio::time::timeout(Duration::from_secs(30), response.chunk())
+        let event = tokio::time::timeout(Duration::from_secs(30), stream.next())
             .await
             .expect("an event within 30 s")
-            .expect("the stream reads")
-            .expect("the stream stays open");
-        buffer.push_str(&String::from_utf8_lossy(&chunk));
-        while let Some(end) = buffer.find("\n\n") {
-            let block: String = buffer.drain(..end + 2).collect();
-            let (mut id, mut data, mut kind) = (None, None, None);
-            for line in block.lines() {
-                if let Some(v) = line.strip_prefix("id:") {
-                    id = v.trim().parse::<u64>().ok();
-                } else if let Some(v) = line.strip_prefix("data:") {
-                    data = serde_json::from_str(v.trim()).ok();
-                } else if let Some(v) = line.strip_prefix("event:") {
-                    kind = Some(v.trim().to_owned());
-                }
-            }
-            if let (Some(id), Some(data), Some("output")) = (id, data, kind.as_deref()) {
-                events.push((id, data));
-            }
+            .expect("the stream stays open")
+            .expect("the stream reads");
+        if event.event == "output" {
+            let id = event.id.parse().expect("an output's id is its position");
+            events.push((id, serde_json::from_str(&event.data).expect("JSON")));
         }
     }
     events
@@ -277,7 +266,7 @@ async fn outputs_stream_as_server_sent_events_and_a_reconnect_resumes() {
     let acme = server.tenant("acme").await;
     server.deploy("acme", &acme, "bot", "caller", "").await;
 
-    let mut stream = server
+    let stream = server
         .client
         .get(server.url("/v1/tenants/acme/outputs/stream"))
         .bearer_auth(&acme)
@@ -296,18 +285,17 @@ async fn outputs_stream_as_server_sent_events_and_a_reconnect_resumes() {
             .await;
         assert_eq!(status, StatusCode::ACCEPTED);
     }
-    let mut seen = read_events(&mut stream, 2).await;
+    let mut seen = read_events(stream, 2).await;
     seen.sort_by_key(|(id, _)| *id);
     assert_eq!(seen.iter().map(|(id, _)| *id).collect::<Vec<_>>(), [1, 2]);
     assert_eq!(seen[0].1["position"], 1);
-    drop(stream);
 
     // A client that reconnects says what it saw last, and gets only what came after.
     let (status, _) = server
         .submit("acme", &acme, "bot", "e3", "c", json!(null))
         .await;
     assert_eq!(status, StatusCode::ACCEPTED);
-    let mut resumed = server
+    let resumed = server
         .client
         .get(server.url("/v1/tenants/acme/outputs/stream"))
         .header("last-event-id", "2")
@@ -315,7 +303,7 @@ async fn outputs_stream_as_server_sent_events_and_a_reconnect_resumes() {
         .send()
         .await
         .expect("the stream opens");
-    let next = read_events(&mut resumed, 1).await;
+    let next = read_events(resumed, 1).await;
     assert_eq!(next[0].0, 3);
     assert_eq!(next[0].1["event_id"], "e3");
 }
