@@ -13,7 +13,8 @@
 //! IDs sort in the order the commands were left (microseconds since the epoch, then random
 //! digits), and commands are carried out in that order. A command's effect is recorded in
 //! its state (a skip or cancel in the next checkpoint) before it moves to `done/`, so a crash between
-//! the two carries it out again, and finds it done.
+//! the two carries it out again, and finds it done. The newest [`KEEP_DONE`] done commands are
+//! kept; older ones are deleted as new ones are done (their effects stay in the state).
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -30,6 +31,9 @@ pub const FORMAT: u32 = 1;
 /// The largest command file: a key, a reason and who asked fit in far less; an answer for a
 /// call in doubt (a model's reply) may take more.
 pub const MAX_COMMAND_BYTES: u64 = 1024 * 1024;
+
+/// Done commands kept in a state directory: once there are more, the oldest are deleted.
+pub const KEEP_DONE: usize = 1000;
 
 /// The longest reason kept, in bytes.
 pub const MAX_REASON_BYTES: usize = 4096;
@@ -217,7 +221,8 @@ impl CommandDir {
         self.move_done(&command.id, Some(command), outcome)
     }
 
-    /// Writes the done file of `id`, then removes its pending one.
+    /// Writes the done file of `id`, removes its pending one, then deletes the oldest done
+    /// files past [`KEEP_DONE`].
     fn move_done(
         &self,
         id: &str,
@@ -237,7 +242,16 @@ impl CommandDir {
         }
         std::fs::File::open(&self.dir)
             .and_then(|dir| dir.sync_all())
-            .map_err(io(&self.dir))
+            .map_err(io(&self.dir))?;
+        let done = json_files(&self.done_dir())?;
+        for (_, path) in &done[..done.len().saturating_sub(KEEP_DONE)] {
+            match std::fs::remove_file(path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(io(path)(e)),
+            }
+        }
+        Ok(())
     }
 
     /// What came of the command `id`, once it is done.
@@ -467,6 +481,27 @@ mod tests {
         assert_eq!(commands.pending_now().expect("read"), [second]);
         let done = commands.outcome(&first.id).expect("read").expect("done");
         assert_eq!((done.command, done.outcome), (Some(first), outcome));
+    }
+
+    #[test]
+    fn only_the_newest_done_commands_are_kept() {
+        let state = tempfile::tempdir().expect("tempdir");
+        let commands = CommandDir::of(state.path());
+        let mut left = Vec::new();
+        for i in 0..KEEP_DONE + 3 {
+            let command = commands
+                .submit(&format!("k{i}"), None, "alice", Verb::Retry)
+                .expect("left");
+            commands
+                .finish_now(&command, &Outcome::Applied { sequence: 0 })
+                .expect("finished");
+            left.push(command);
+        }
+        let done = commands.done().expect("read");
+        assert_eq!(done.len(), KEEP_DONE);
+        assert_eq!(done[0].command.as_ref(), Some(&left[3]));
+        assert!(commands.outcome(&left[2].id).expect("read").is_none());
+        assert!(commands.outcome(&left[KEEP_DONE + 2].id).expect("read").is_some());
     }
 
     /// Commands left one after another, many in one millisecond, are read back in the
