@@ -501,7 +501,12 @@ mod tests {
         assert_eq!(done.len(), KEEP_DONE);
         assert_eq!(done[0].command.as_ref(), Some(&left[3]));
         assert!(commands.outcome(&left[2].id).expect("read").is_none());
-        assert!(commands.outcome(&left[KEEP_DONE + 2].id).expect("read").is_some());
+        assert!(
+            commands
+                .outcome(&left[KEEP_DONE + 2].id)
+                .expect("read")
+                .is_some()
+        );
     }
 
     /// Commands left one after another, many in one millisecond, are read back in the
