@@ -8,9 +8,9 @@ use std::sync::Arc;
 
 use super::config::TenantPolicy;
 use super::quota::QuotaExceeded;
-use super::states::{States, Wanted};
+use super::states::{AgentState, StateError, States, Wanted};
 use super::tenants::check_name;
-use crate::agent::{Agent, AgentFile, Secrets};
+use crate::agent::{Agent, AgentFile, Secrets, StateConfig};
 use crate::durable::CallBudget;
 use crate::private;
 use crate::sandbox::Sandbox;
@@ -32,6 +32,9 @@ pub enum DefineError {
     /// The agent could not be built: a function's host or secret, a component.
     #[error("{0}")]
     Build(String),
+    /// Its `[state]` is refused, or its agent's state could not be opened.
+    #[error(transparent)]
+    State(#[from] StateError),
     #[error("storing the definition: {0}")]
     Io(#[from] std::io::Error),
 }
@@ -80,11 +83,61 @@ pub struct Builder {
 
 const FILE: &str = "agent.toml";
 
+/// A version built, with its agent's state, whose cache must be [ready](AgentState::ready)
+/// before an input runs on it.
+#[derive(Debug)]
+pub struct Built {
+    pub agent: Arc<Agent>,
+    pub state: Arc<AgentState>,
+    /// The version's `[state]`.
+    pub config: StateConfig,
+    /// Whether building it created its agent's state.
+    created: bool,
+}
+
+/// A new version checked and built ([`Builder::prepare`]), not yet in place.
+#[derive(Debug)]
+pub struct Prepared {
+    builder: Builder,
+    pub name: String,
+    pub version: u32,
+    agent_dir: PathBuf,
+    temp: PathBuf,
+    pub built: Built,
+}
+
+impl Prepared {
+    /// Puts the version in place, durably: from now on it is the agent's newest.
+    pub fn commit(self) -> Result<(String, u32, Built), DefineError> {
+        let dir = self.agent_dir.join(self.version.to_string());
+        let placed = std::fs::File::open(&self.temp)
+            .and_then(|temp| temp.sync_all())
+            .and_then(|()| std::fs::rename(&self.temp, &dir));
+        if let Err(error) = placed {
+            self.abandon();
+            return Err(error.into());
+        }
+        // In place: a restart loads it even when this last sync fails.
+        std::fs::File::open(&self.agent_dir)?.sync_all()?;
+        self.built.state.set_cadence(&self.built.config);
+        Ok((self.name, self.version, self.built))
+    }
+
+    /// Drops the version: its directory goes, and the state it created, if it did.
+    pub fn abandon(self) {
+        let _ = std::fs::remove_dir_all(&self.temp);
+        if self.built.created {
+            self.builder.forget_state(&self.name);
+        }
+    }
+}
+
 impl Builder {
     /// Builds the agent of `text`, whose components are in `components` by action name
     /// (`ACTION.wasm`). With `strict`, limits the file sets above a quota are refused;
     /// otherwise (loading a version defined earlier under other quotas) they are lowered.
-    fn build(&self, dir: &Path, text: &str, strict: bool) -> Result<Agent, DefineError> {
+    /// The agent's state is opened (created the first time); its cache is not rebuilt yet.
+    fn build(&self, dir: &Path, text: &str, strict: bool) -> Result<Built, DefineError> {
         let mut file = AgentFile::parse(&dir.join(FILE), text)
             .map_err(|e| DefineError::Invalid(e.to_string()))?;
         check_actions(&file)?;
@@ -106,44 +159,62 @@ impl Builder {
             partitions_given: raw.get("state").and_then(|s| s.get("partitions")).is_some(),
         };
         if strict {
-            wanted
-                .check()
-                .map_err(|e| DefineError::Invalid(e.to_string()))?;
+            wanted.check()?;
         }
-        let (state, differs) = (self.states)
-            .of(&config.name, &wanted)
-            .map_err(|e| DefineError::Build(e.to_string()))?;
-        if let Some(differs) = differs {
-            if strict {
-                return Err(DefineError::Invalid(differs));
+        let opened = self.states.of(&config.name, &wanted)?;
+        let name = config.name.clone();
+        let state_config = config.state;
+        let built = (|| {
+            if let Some(differs) = opened.differs {
+                if strict {
+                    return Err(DefineError::State(differs));
+                }
+                tracing::warn!(tenant = %self.tenant, agent = %name,
+                    "{differs}: this version runs on the state as it is");
             }
-            tracing::warn!(tenant = %self.tenant, agent = %config.name,
-                "{differs}: this version runs on the state as it is");
+            for action in &mut file.config.actions {
+                action.component = PathBuf::from(format!("{}.wasm", action.name));
+            }
+            Agent::builder(file, Arc::clone(&self.sandbox))
+                .tenant(&self.tenant)
+                .store(Arc::clone(&opened.state.store) as Arc<dyn ActionStateStore>)
+                .secrets(Secrets::Named {
+                    tenant: self.tenant.clone(),
+                    values: Arc::clone(&self.policy.secrets),
+                })
+                .allowed_hosts(self.policy.allowed_hosts.clone())
+                .call_budget(Arc::clone(&self.budget))
+                .build()
+                .map_err(|e| DefineError::Build(e.to_string()))
+        })();
+        match built {
+            Ok(agent) => Ok(Built {
+                agent: Arc::new(agent),
+                state: opened.state,
+                config: state_config,
+                created: opened.created,
+            }),
+            Err(error) => {
+                if opened.created {
+                    self.forget_state(&name);
+                }
+                Err(error)
+            }
         }
-        for action in &mut config.actions {
-            action.component = PathBuf::from(format!("{}.wasm", action.name));
-        }
-        Agent::builder(file, Arc::clone(&self.sandbox))
-            .tenant(&self.tenant)
-            .store(Arc::clone(&state.store) as Arc<dyn ActionStateStore>)
-            .secrets(Secrets::Named {
-                tenant: self.tenant.clone(),
-                values: Arc::clone(&self.policy.secrets),
-            })
-            .allowed_hosts(self.policy.allowed_hosts.clone())
-            .call_budget(Arc::clone(&self.budget))
-            .build()
-            .map_err(|e| DefineError::Build(e.to_string()))
     }
 
-    /// Defines a new version of the agent in `text`: checks it, pins its components (from
-    /// `tenant_dir/components`), builds it, and stores it. Returns its name, version and
-    /// agent. Callers define one agent of a tenant at a time.
-    pub fn define(
-        &self,
-        tenant_dir: &Path,
-        text: &str,
-    ) -> Result<(String, u32, Arc<Agent>), DefineError> {
+    /// Takes back the state a definition of `agent` that failed created.
+    fn forget_state(&self, agent: &str) {
+        if let Err(error) = self.states.forget(agent) {
+            tracing::warn!(tenant = %self.tenant, agent,
+                "taking back the state of a definition that failed: {error}");
+        }
+    }
+
+    /// Checks and builds a new version of the agent in `text`, with the components it
+    /// names pinned beside it, in a directory not yet in place: [`Prepared::commit`] puts
+    /// it there once its state is ready. Callers define one agent of a tenant at a time.
+    pub fn prepare(&self, tenant_dir: &Path, text: &str) -> Result<Prepared, DefineError> {
         let file = AgentFile::parse(Path::new(FILE), text)
             .map_err(|e| DefineError::Invalid(e.to_string()))?;
         let name = file.config.name.clone();
@@ -158,7 +229,7 @@ impl Builder {
         let version = versions_on_disk(&agent_dir)?.last().map_or(1, |v| v + 1);
         let temp = agent_dir.join(format!(".define-{:016x}", rand::random::<u64>()));
         private::create_dir(&temp)?;
-        let defined = (|| {
+        let built = (|| {
             for action in &file.config.actions {
                 let component = action.component.to_string_lossy();
                 let component = component.strip_suffix(".wasm").unwrap_or(&component);
@@ -178,15 +249,17 @@ impl Builder {
                 }
             }
             private::write(&temp.join(FILE), text.as_bytes())?;
-            let agent = self.build(&temp, text, true)?;
-            std::fs::File::open(&temp)?.sync_all()?;
-            let dir = agent_dir.join(version.to_string());
-            std::fs::rename(&temp, &dir)?;
-            std::fs::File::open(&agent_dir)?.sync_all()?;
-            Ok(agent)
+            self.build(&temp, text, true)
         })();
-        match defined {
-            Ok(agent) => Ok((name, version, Arc::new(agent))),
+        match built {
+            Ok(built) => Ok(Prepared {
+                builder: self.clone(),
+                name,
+                version,
+                agent_dir,
+                temp,
+                built,
+            }),
             Err(error) => {
                 let _ = std::fs::remove_dir_all(&temp);
                 Err(error)
@@ -220,7 +293,11 @@ impl Builder {
                     Version::LetGo
                 } else {
                     match self.load(tenant_dir, &name, version) {
-                        Ok(agent) => Version::Loaded(agent),
+                        // Oldest first: the newest loaded version's cadence stays.
+                        Ok(built) => {
+                            built.state.set_cadence(&built.config);
+                            Version::Loaded(built.agent)
+                        }
                         Err(error) => {
                             tracing::error!(tenant = %self.tenant, agent = %name, version,
                                 "this version cannot be loaded; its inputs fail: {error}");
@@ -237,8 +314,9 @@ impl Builder {
 }
 
 impl Builder {
-    /// Builds version `version` of agent `agent` from its directory under `tenant_dir`.
-    pub fn load(&self, tenant_dir: &Path, agent: &str, version: u32) -> Result<Arc<Agent>, String> {
+    /// Builds version `version` of agent `agent` from its directory under `tenant_dir`. Its
+    /// state's cache is not rebuilt yet: see [`AgentState::ready`].
+    pub fn load(&self, tenant_dir: &Path, agent: &str, version: u32) -> Result<Built, String> {
         let dir = tenant_dir
             .join("agents")
             .join(agent)
@@ -246,7 +324,6 @@ impl Builder {
         std::fs::read_to_string(dir.join(FILE))
             .map_err(DefineError::Io)
             .and_then(|text| self.build(&dir, &text, false))
-            .map(Arc::new)
             .map_err(|e| format!("version {version} of agent {agent} cannot be loaded: {e}"))
     }
 }

@@ -2,29 +2,41 @@
 //! says (partitions, marker, refresh batch, and how often its log is compacted).
 //!
 //! ```text
-//! TENANT/states/AGENT/   an agent's state log (partitions fixed when it is created)
-//! TENANT/state/          the one state log of a tenant written by releases before states
-//!                        were per agent: the agents defined then keep using it
+//! TENANT/states/AGENT/             an agent's state log (partitions fixed when it is created)
+//! TENANT/state/                    the one state log of a tenant written by releases before
+//!                                  states were per agent: the agents defined then keep it
+//! TENANT/state/agents.json         those agents, written at the first open by this release
+//!                                  {"format": 1, "agents": [...]}
 //! ```
 //!
 //! A state's partitions and marker are fixed for the agent's life on the server: a version
 //! that asks for others is refused when it is defined (and, loaded from disk, runs on the
-//! state as it is, with a warning).
+//! state as it is, with a warning). A state's cache of recorded calls is rebuilt from its
+//! log once per process, before any input runs on it ([`AgentState::ready`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use serde::{Deserialize, Serialize};
+
 use crate::agent::StateConfig;
 use crate::checkpoint;
 use crate::log::{FileLog, FileLogOptions, Log, LogError, Recovery};
-use crate::store::{ActionStateStore as _, Incarnation, LogStore, MarkerStrategy, StoreError};
+use crate::private;
+use crate::store::{
+    ActionStateStore as _, Incarnation, KeyScope, LogStore, MarkerStrategy, StoreError,
+};
 
 /// Where the agents' state logs are, under the tenant's directory.
 const DIR: &str = "states";
 /// The tenant-wide state log of earlier releases.
 const SHARED_DIR: &str = "state";
+/// The agents that keep the tenant-wide state log, under it.
+const SHARED_USERS: &str = "agents.json";
+/// The format of [`SHARED_USERS`].
+const SHARED_USERS_FORMAT: u32 = 1;
 /// Partitions of the tenant-wide state log of earlier releases.
 const SHARED_PARTITIONS: u32 = 4;
 /// Segments of a state log: whole segments are what compaction deletes.
@@ -43,10 +55,50 @@ pub enum StateError {
     Log { agent: String, error: LogError },
     #[error("recovering the recorded calls of agent {agent}: {error}")]
     Store { agent: String, error: StoreError },
-    #[error("{0}")]
-    Refused(String),
-    #[error("listing the agents and their states in {}: {error}", dir.display())]
-    List { dir: PathBuf, error: std::io::Error },
+    #[error("[state] partitions = {given}: a server keeps 1 to {MAX_PARTITIONS}")]
+    Partitions { given: u32 },
+    #[error(
+        "[state] checkpoint-every-ms = {every_ms}: a server compacts an agent's state log at \
+         most every {MIN_COMPACT_MS} ms"
+    )]
+    CompactsTooOften { every_ms: u64 },
+    /// A version asks for partitions or a marker other than its agent's state has.
+    #[error(
+        "[state] {}: an agent's state partitions and marker are fixed for its life on a \
+         server{}",
+        differs.join(", "),
+        if *shared {
+            "; it keeps its state in the tenant's state log of an earlier release, which is \
+             offsets-marked with 4 partitions"
+        } else {
+            ""
+        }
+    )]
+    Fixed { differs: Vec<String>, shared: bool },
+    #[error("{}: {error}", path.display())]
+    Io {
+        path: PathBuf,
+        error: std::io::Error,
+    },
+    #[error("{}: {message}", path.display())]
+    Unreadable { path: PathBuf, message: String },
+}
+
+impl StateError {
+    /// Whether it is the definition's fault (a `[state]` the server refuses), not the host's.
+    pub fn is_refusal(&self) -> bool {
+        matches!(
+            self,
+            Self::Partitions { .. } | Self::CompactsTooOften { .. } | Self::Fixed { .. }
+        )
+    }
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> StateError + '_ {
+    move |error| StateError::Io {
+        path: path.to_owned(),
+        error,
+    }
 }
 
 /// Why a state log was not compacted (it is again at the next time due).
@@ -71,17 +123,14 @@ impl Wanted<'_> {
     pub fn check(&self) -> Result<(), StateError> {
         let config = self.config;
         if config.partitions == 0 || config.partitions > MAX_PARTITIONS {
-            return Err(StateError::Refused(format!(
-                "[state] partitions = {}: a server keeps 1 to {MAX_PARTITIONS}",
-                config.partitions
-            )));
+            return Err(StateError::Partitions {
+                given: config.partitions,
+            });
         }
         if config.checkpoint_every_ms < MIN_COMPACT_MS {
-            return Err(StateError::Refused(format!(
-                "[state] checkpoint-every-ms = {}: a server compacts an agent's state log at \
-                 most every {MIN_COMPACT_MS} ms",
-                config.checkpoint_every_ms
-            )));
+            return Err(StateError::CompactsTooOften {
+                every_ms: config.checkpoint_every_ms,
+            });
         }
         Ok(())
     }
@@ -95,6 +144,11 @@ pub struct AgentState {
     marker: MarkerStrategy,
     /// Whether it is the tenant-wide log of an earlier release, shared with other agents.
     shared: bool,
+    /// Set once the cache is rebuilt from the log (see [`ready`](Self::ready)).
+    rebuilt: tokio::sync::OnceCell<()>,
+    /// Keys' finished inputs whose states go once it is ready: those the journal's recovery
+    /// found for an agent whose state was not open yet.
+    prunes: Mutex<Vec<(KeyScope, u64)>>,
     compaction: Mutex<Compaction>,
 }
 
@@ -128,6 +182,8 @@ impl AgentState {
             store: Arc::new(store),
             marker: config.marker,
             shared,
+            rebuilt: tokio::sync::OnceCell::new(),
+            prunes: Mutex::new(Vec::new()),
             compaction: Mutex::new(Compaction {
                 every: Duration::from_millis(config.checkpoint_every_ms),
                 every_inputs: config.checkpoint_every_inputs,
@@ -137,20 +193,48 @@ impl AgentState {
         })
     }
 
-    /// Takes the compaction cadence of `config` (the newest version's).
-    fn set_cadence(&self, config: &StateConfig) {
+    /// Rebuilds the cache of recorded calls from what the log holds, the first time it is
+    /// asked in this process (callers at once wait for the one rebuild); a rebuild that
+    /// fails is tried again at the next ask. Every input's run waits for this: a run on a
+    /// cache not rebuilt would miss its recorded calls and make them again, and a rebuild
+    /// under runs would drop what they record meanwhile. Then prunes the finished inputs
+    /// recovery left for it ([`States::prune_when_open`]).
+    pub async fn ready(&self) -> Result<(), StoreError> {
+        self.rebuilt
+            .get_or_try_init(|| async {
+                let start = checkpoint::log_start(&*self.log).await?;
+                self.store.rebuild(&start).await
+            })
+            .await?;
+        let prunes = std::mem::take(&mut *self.prunes.lock().unwrap_or_else(|p| p.into_inner()));
+        for (at, (scope, up_to)) in prunes.iter().enumerate() {
+            if let Err(error) = self.store.prune(scope, *up_to).await {
+                let mut left = self.prunes.lock().unwrap_or_else(|p| p.into_inner());
+                left.extend(prunes[at..].iter().cloned());
+                return Err(error);
+            }
+        }
+        Ok(())
+    }
+
+    /// Takes the compaction cadence of `config`: the newest version's.
+    pub fn set_cadence(&self, config: &StateConfig) {
         let mut compaction = self.compaction.lock().unwrap_or_else(|p| p.into_inner());
         compaction.every = Duration::from_millis(config.checkpoint_every_ms);
         compaction.every_inputs = config.checkpoint_every_inputs;
     }
 
-    /// Counts an input of the agent finished; whether its log is due to be compacted
-    /// (`checkpoint-every-ms` since the last time, or `checkpoint-every-inputs` inputs).
+    /// Counts an input of the agent finished; whether its log is due to be compacted:
+    /// `checkpoint-every-ms` since the last time, or `checkpoint-every-inputs` inputs, and
+    /// never within [`MIN_COMPACT_MS`] of the last (under `refresh` each compaction writes
+    /// every cached state again).
     pub fn finished_one(&self) -> bool {
         let mut compaction = self.compaction.lock().unwrap_or_else(|p| p.into_inner());
         compaction.finished += 1;
-        let due = compaction.last.elapsed() >= compaction.every
-            || compaction.finished >= compaction.every_inputs;
+        let since = compaction.last.elapsed();
+        let due = since >= compaction.every
+            || (compaction.finished >= compaction.every_inputs
+                && since >= Duration::from_millis(MIN_COMPACT_MS));
         if due {
             compaction.last = Instant::now();
             compaction.finished = 0;
@@ -167,12 +251,6 @@ impl AgentState {
         }
         Ok(())
     }
-
-    /// Rebuilds the store's cache from what the log holds.
-    async fn rebuild(&self) -> Result<(), StoreError> {
-        let start = checkpoint::log_start(&*self.log).await?;
-        self.store.rebuild(&start).await
-    }
 }
 
 /// A tenant's agents' states.
@@ -182,14 +260,35 @@ pub struct States {
     incarnation: Incarnation,
     /// The tenant-wide log of an earlier release, and the agents defined then, which use it.
     shared: Option<(Arc<AgentState>, BTreeSet<String>)>,
-    /// Each agent's state, once a version of it asked (`of`); whether its cache is rebuilt.
-    agents: Mutex<BTreeMap<String, (Arc<AgentState>, bool)>>,
+    /// Each agent's state, once a version of it asked ([`of`](Self::of)). Held while a
+    /// state log is opened, so that an agent's is opened once.
+    agents: Mutex<BTreeMap<String, Arc<AgentState>>>,
+    /// Finished inputs of agents whose state is not open, to prune once it is.
+    later: Mutex<BTreeMap<String, Vec<(KeyScope, u64)>>>,
+}
+
+/// An agent's state, as [`States::of`] found it for a version.
+#[derive(Debug)]
+pub struct Opened {
+    pub state: Arc<AgentState>,
+    /// What the version asks that the state does not have (its partitions or marker).
+    pub differs: Option<StateError>,
+    /// Whether this call made the state's directory: a definition that then fails takes
+    /// it back ([`States::forget`]), so that it does not fix the agent's partitions.
+    pub created: bool,
+}
+
+/// [`SHARED_USERS`]: the agents of a tenant that keep its state log of an earlier release.
+#[derive(Debug, Serialize, Deserialize)]
+struct SharedUsers {
+    format: u32,
+    agents: BTreeSet<String>,
 }
 
 impl States {
     /// The states under `tenant_dir`: each agent's is opened when a version of it is built
     /// ([`of`](Self::of)); the tenant-wide one of an earlier release now, with the agents
-    /// that use it (those with a version on disk and no state log of their own).
+    /// that use it.
     pub fn open(tenant_dir: &Path, incarnation: Incarnation) -> Result<Self, StateError> {
         let dir = tenant_dir.join(DIR);
         let shared_dir = tenant_dir.join(SHARED_DIR);
@@ -204,14 +303,7 @@ impl States {
                         agent: "(the tenant's state log of an earlier release)".to_owned(),
                         error,
                     })?;
-            let io = |error| StateError::List {
-                dir: tenant_dir.to_owned(),
-                error,
-            };
-            let own = subdirs(&dir).map_err(io)?;
-            let users = (subdirs(&tenant_dir.join("agents")).map_err(io)?.into_iter())
-                .filter(|name| !own.contains(name))
-                .collect();
+            let users = shared_users(tenant_dir, &dir, &shared_dir)?;
             Some((Arc::new(state), users))
         } else {
             None
@@ -221,21 +313,19 @@ impl States {
             incarnation,
             shared,
             agents: Mutex::new(BTreeMap::new()),
+            later: Mutex::new(BTreeMap::new()),
         })
     }
 
     /// The state of `agent` for a version that wants `wanted`: opened (or created) as it
-    /// asks the first time, the same state after. When the state's partitions or marker are
-    /// not what it asks, the state as it is, and what differs.
-    pub fn of(
-        &self,
-        agent: &str,
-        wanted: &Wanted<'_>,
-    ) -> Result<(Arc<AgentState>, Option<String>), StateError> {
+    /// asks the first time, the same state after. Its cache is not rebuilt yet: see
+    /// [`AgentState::ready`].
+    pub fn of(&self, agent: &str, wanted: &Wanted<'_>) -> Result<Opened, StateError> {
         let config = wanted.config;
         let mut agents = self.agents.lock().unwrap_or_else(|p| p.into_inner());
+        let mut created = false;
         let state = match agents.get(agent) {
-            Some((state, _)) => Arc::clone(state),
+            Some(state) => Arc::clone(state),
             None => {
                 let state = match &self.shared {
                     Some((shared, users)) if users.contains(agent) => Arc::clone(shared),
@@ -246,6 +336,7 @@ impl States {
                             error,
                         };
                         let on_disk = FileLog::partitions_in(&dir).map_err(log_error)?;
+                        created = on_disk.is_none();
                         let partitions = on_disk.unwrap_or(config.partitions);
                         let state =
                             AgentState::open(&dir, partitions, config, self.incarnation, false)
@@ -253,7 +344,16 @@ impl States {
                         Arc::new(state)
                     }
                 };
-                agents.insert(agent.to_owned(), (Arc::clone(&state), false));
+                let later = self
+                    .later
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .remove(agent);
+                if let Some(later) = later {
+                    let mut prunes = state.prunes.lock().unwrap_or_else(|p| p.into_inner());
+                    prunes.extend(later);
+                }
+                agents.insert(agent.to_owned(), Arc::clone(&state));
                 state
             }
         };
@@ -272,60 +372,122 @@ impl States {
                 state.marker.name()
             ));
         }
-        let differs = (!differs.is_empty()).then(|| {
-            let shared = if state.shared {
-                "; it keeps its state in the tenant's state log of an earlier release, which \
-                 is offsets-marked with 4 partitions"
-            } else {
-                ""
-            };
-            format!(
-                "[state] {}: an agent's state partitions and marker are fixed for its life on \
-                 a server{shared}",
-                differs.join(", ")
-            )
+        let differs = (!differs.is_empty()).then_some(StateError::Fixed {
+            differs,
+            shared: state.shared,
         });
-        if differs.is_none() {
-            state.set_cadence(config);
+        Ok(Opened {
+            state,
+            differs,
+            created,
+        })
+    }
+
+    /// Takes back the state of `agent` that [`of`](Self::of) created for a definition that
+    /// then failed: no input ran on it, and the agent's next definition creates it again as
+    /// it asks.
+    pub fn forget(&self, agent: &str) -> Result<(), StateError> {
+        let mut agents = self.agents.lock().unwrap_or_else(|p| p.into_inner());
+        if agents.remove(agent).is_some_and(|state| !state.shared) {
+            let dir = self.dir.join(agent);
+            match std::fs::remove_dir_all(&dir) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(io(&dir)(e)),
+            }
         }
-        Ok((state, differs))
+        Ok(())
+    }
+
+    /// Has the states of `scope`'s inputs up to `up_to` (finished) pruned when `agent`'s
+    /// state is open and ready: no version of it opened it at the start.
+    pub fn prune_when_open(&self, agent: &str, scope: KeyScope, up_to: u64) {
+        let mut later = self.later.lock().unwrap_or_else(|p| p.into_inner());
+        later
+            .entry(agent.to_owned())
+            .or_default()
+            .push((scope, up_to));
     }
 
     /// The state of `agent`, when a version of it was built.
     pub fn get(&self, agent: &str) -> Option<Arc<AgentState>> {
         let agents = self.agents.lock().unwrap_or_else(|p| p.into_inner());
-        agents.get(agent).map(|(state, _)| Arc::clone(state))
+        agents.get(agent).map(Arc::clone)
     }
 
-    /// Rebuilds the cache of every state opened since the last call from what its log
-    /// holds. The tenant-wide state is rebuilt once, whichever agent asked for it.
-    pub async fn rebuild_opened(&self) -> Result<(), StateError> {
+    /// [`AgentState::ready`] for every state opened: the tenant-wide one once, whichever
+    /// agents use it.
+    pub async fn ready_all(&self) -> Result<(), StateError> {
         let opened: Vec<(String, Arc<AgentState>)> = {
-            let mut agents = self.agents.lock().unwrap_or_else(|p| p.into_inner());
+            let agents = self.agents.lock().unwrap_or_else(|p| p.into_inner());
             agents
-                .iter_mut()
-                .filter(|(_, (_, rebuilt))| !*rebuilt)
-                .map(|(name, (state, rebuilt))| {
-                    *rebuilt = true;
-                    (name.clone(), Arc::clone(state))
-                })
+                .iter()
+                .map(|(name, state)| (name.clone(), Arc::clone(state)))
                 .collect()
         };
-        let mut shared_done = false;
         for (agent, state) in opened {
-            if state.shared {
-                if shared_done {
-                    continue;
-                }
-                shared_done = true;
-            }
             state
-                .rebuild()
+                .ready()
                 .await
                 .map_err(|error| StateError::Store { agent, error })?;
         }
         Ok(())
     }
+}
+
+/// The agents that keep the tenant-wide state log of an earlier release: read from
+/// [`SHARED_USERS`], or, at the first open by this release, those with a version on disk
+/// and no state log of their own, then written there.
+fn shared_users(
+    tenant_dir: &Path,
+    own_dir: &Path,
+    shared_dir: &Path,
+) -> Result<BTreeSet<String>, StateError> {
+    let path = shared_dir.join(SHARED_USERS);
+    match std::fs::read(&path) {
+        Ok(bytes) => {
+            let unreadable = |message: String| StateError::Unreadable {
+                path: path.clone(),
+                message,
+            };
+            let users: SharedUsers =
+                serde_json::from_slice(&bytes).map_err(|e| unreadable(e.to_string()))?;
+            if users.format != SHARED_USERS_FORMAT {
+                return Err(unreadable(format!(
+                    "format {} is not one this build reads ({SHARED_USERS_FORMAT}); run the \
+                     release that wrote it",
+                    users.format
+                )));
+            }
+            return Ok(users.agents);
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io(&path)(e)),
+    }
+    let own = subdirs(own_dir).map_err(io(own_dir))?;
+    let agents_dir = tenant_dir.join("agents");
+    let mut agents = BTreeSet::new();
+    for name in subdirs(&agents_dir).map_err(io(&agents_dir))? {
+        let versions = agents_dir.join(&name);
+        // A definition that failed leaves its agent's directory without a version.
+        let defined = subdirs(&versions)
+            .map_err(io(&versions))?
+            .iter()
+            .any(|v| v.parse::<u32>().is_ok());
+        if defined && !own.contains(&name) {
+            agents.insert(name);
+        }
+    }
+    let users = SharedUsers {
+        format: SHARED_USERS_FORMAT,
+        agents,
+    };
+    let bytes = serde_json::to_vec_pretty(&users).map_err(|e| StateError::Unreadable {
+        path: path.clone(),
+        message: e.to_string(),
+    })?;
+    private::write(&path, &bytes).map_err(io(&path))?;
+    Ok(users.agents)
 }
 
 /// The names of the directories in `dir` (none when it does not exist), hidden ones left out.
@@ -348,4 +510,132 @@ fn subdirs(dir: &Path) -> std::io::Result<BTreeSet<String>> {
         }
     }
     Ok(names)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn wanted(config: &StateConfig) -> Wanted<'_> {
+        Wanted {
+            config,
+            partitions_given: true,
+        }
+    }
+
+    #[test]
+    fn compaction_is_due_by_time_or_inputs_but_never_within_the_minimum() {
+        let tenant = tempfile::tempdir().expect("tempdir");
+        let states = States::open(tenant.path(), Incarnation::random()).expect("open");
+        let config = StateConfig {
+            checkpoint_every_ms: 3_600_000,
+            checkpoint_every_inputs: 1,
+            ..StateConfig::default()
+        };
+        let state = states.of("bot", &wanted(&config)).expect("opened").state;
+        let set_last = |ago_ms: u64| {
+            let mut compaction = state.compaction.lock().expect("lock");
+            compaction.last = Instant::now() - Duration::from_millis(ago_ms);
+        };
+        // One input is enough, but not within 100 ms of the last compaction.
+        set_last(0);
+        assert!(!state.finished_one());
+        set_last(MIN_COMPACT_MS + 50);
+        assert!(state.finished_one());
+        // By time alone.
+        state.set_cadence(&StateConfig {
+            checkpoint_every_ms: 1_000,
+            checkpoint_every_inputs: 1_000_000,
+            ..config
+        });
+        set_last(500);
+        assert!(!state.finished_one());
+        set_last(1_500);
+        assert!(state.finished_one());
+    }
+
+    #[test]
+    fn a_state_taken_back_is_made_again_as_the_next_definition_asks() {
+        let tenant = tempfile::tempdir().expect("tempdir");
+        let states = States::open(tenant.path(), Incarnation::random()).expect("open");
+        let four = StateConfig {
+            partitions: 4,
+            ..StateConfig::default()
+        };
+        let opened = states.of("bot", &wanted(&four)).expect("opened");
+        assert!(opened.created);
+        drop(opened);
+        states.forget("bot").expect("forgotten");
+        assert!(!tenant.path().join("states/bot").exists());
+        let six = StateConfig {
+            partitions: 6,
+            ..StateConfig::default()
+        };
+        let opened = states.of("bot", &wanted(&six)).expect("opened");
+        assert_eq!(opened.state.log.partitions(), 6);
+        assert!(opened.differs.is_none());
+        // Opened again, it was not created: a failure now takes nothing back.
+        assert!(!states.of("bot", &wanted(&six)).expect("opened").created);
+    }
+
+    #[test]
+    fn the_agents_of_the_shared_state_log_are_those_defined_then_and_are_kept() {
+        let tenant = tempfile::tempdir().expect("tempdir");
+        let dir = tenant.path();
+        for made in [
+            "state",
+            "agents/old/1",
+            "agents/failed",
+            "agents/own/1",
+            "states/own",
+        ] {
+            std::fs::create_dir_all(dir.join(made)).expect("mkdir");
+        }
+        let shared_of = |states: &States| states.shared.as_ref().expect("shared").1.clone();
+        let states = States::open(dir, Incarnation::random()).expect("open");
+        assert_eq!(shared_of(&states), BTreeSet::from(["old".to_owned()]));
+        drop(states);
+        // Agents defined later, by this release, never join it, whatever they hold.
+        std::fs::create_dir_all(dir.join("agents/later/1")).expect("mkdir");
+        let states = States::open(dir, Incarnation::random()).expect("open");
+        assert_eq!(shared_of(&states), BTreeSet::from(["old".to_owned()]));
+        let later = StateConfig::default();
+        let opened = states.of("later", &wanted(&later)).expect("opened");
+        assert!(!opened.state.shared);
+    }
+
+    #[tokio::test]
+    async fn finished_inputs_found_before_the_state_opened_are_pruned_once_it_is_ready() {
+        use crate::event::Event;
+        use crate::store::{ActionState, Digest, StateKey};
+
+        let tenant = tempfile::tempdir().expect("tempdir");
+        let config = StateConfig::default();
+        let scope = KeyScope::new("acme", "bot", "k");
+        {
+            // A first process records the states of inputs 1 and 2.
+            let states = States::open(tenant.path(), Incarnation::random()).expect("open");
+            let state = states.of("bot", &wanted(&config)).expect("opened").state;
+            state.ready().await.expect("ready");
+            for sequence in [1, 2] {
+                let key = StateKey {
+                    scope: scope.clone(),
+                    sequence,
+                    action: "act".to_owned(),
+                    trigger: Digest::of(&[b"input"]),
+                };
+                let recorded = ActionState::new(key, Event::new("input", "{}"));
+                state.store.put(&recorded).await.expect("put");
+            }
+        }
+        // The next finds #1 finished in its journal before any version opened the state.
+        let states = States::open(tenant.path(), Incarnation::random()).expect("open");
+        states.prune_when_open("bot", scope.clone(), 1);
+        let state = states.of("bot", &wanted(&config)).expect("opened").state;
+        state.ready().await.expect("ready");
+        let left: Vec<u64> = (state.store.states(&scope).iter())
+            .map(|s| s.key.sequence)
+            .collect();
+        assert_eq!(left, [2], "#1's states pruned, #2's kept");
+    }
 }

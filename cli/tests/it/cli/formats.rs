@@ -10,7 +10,7 @@
 //!   components left out, put back from the guests built here), and a server resumes it.
 
 use std::os::unix::fs::PermissionsExt as _;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
@@ -102,11 +102,13 @@ fn a_run_state_of_the_format_before_versions_opens_and_a_run_resumes_from_it() {
     );
 }
 
-#[tokio::test]
-async fn a_serve_state_of_the_build_before_per_agent_state_logs_resumes_its_input_in_flight() {
-    let dir = tempfile::tempdir().expect("tempdir");
+/// The serve state of `host/tests/fixtures/serve-state`, copied into `dir`, with its guests:
+/// written by the build before per-agent state logs (9d7ebf4), killed at after-record:1. The
+/// tenant `acme`'s agent `bot` (version 1, a `clock` function) finished #1 of key `k`, and
+/// #2's clock call is recorded. Returns the state directory, the tenant's, and its token.
+fn serve_fixture(dir: &Path) -> (PathBuf, PathBuf, String) {
     let fixture = workspace_root().join("host/tests/fixtures/serve-state");
-    let state = dir.path().join("state");
+    let state = dir.join("state");
     copy_state(&fixture.join("state"), &state);
     let tenant = state.join("tenants/acme");
     for pinned in ["components/worker.wasm", "agents/bot/1/work.wasm"] {
@@ -115,14 +117,19 @@ async fn a_serve_state_of_the_build_before_per_agent_state_logs_resumes_its_inpu
         std::fs::copy(guest("caller"), path).expect("the guest");
     }
     let token = std::fs::read_to_string(fixture.join("token")).expect("the token");
-    let token = token.trim();
-    let started_ms = std::time::SystemTime::now()
+    (state, tenant, token.trim().to_owned())
+}
+
+fn now_ms() -> u128 {
+    std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .expect("a clock")
-        .as_millis();
+        .as_millis()
+}
 
-    let server = crate::serve::Server::start(&state, "").await;
-    let outputs = server.wait_outputs("acme", token, 2).await;
+/// That #2 of the fixture's key `k` ran on the clock reading recorded before the kill (so
+/// the call was not made again after `started_ms`), with the memory #1 left.
+fn assert_resumed_on_its_record(outputs: &[Value], started_ms: u128) {
     assert_eq!(
         outputs.len(),
         2,
@@ -138,6 +145,19 @@ async fn a_serve_state_of_the_build_before_per_agent_state_logs_resumes_its_inpu
         "the clock call recorded before the kill is served from its record ({recorded}), not \
          made again now ({started_ms})"
     );
+}
+
+#[tokio::test]
+async fn a_serve_state_of_the_build_before_per_agent_state_logs_resumes_its_input_in_flight() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (state, tenant, token) = serve_fixture(dir.path());
+    let token = token.as_str();
+    let started_ms = now_ms();
+
+    let server = crate::serve::Server::start(&state, "").await;
+    let outputs = server.wait_outputs("acme", token, 2).await;
+    assert_resumed_on_its_record(&outputs, started_ms);
+
     // The agent defined then keeps the tenant's one state log; a new agent has its own.
     let (status, body) = server
         .define("acme", token, &crate::serve::agent("fresh", "worker", ""))
@@ -158,4 +178,25 @@ async fn a_serve_state_of_the_build_before_per_agent_state_logs_resumes_its_inpu
     assert_eq!(status, reqwest::StatusCode::ACCEPTED, "{body}");
     let outputs = server.wait_outputs("acme", token, 3).await;
     assert_eq!(outputs[2]["payload"]["memory"]["n"], 2, "{outputs:?}");
+}
+
+/// A version let go of (older than `agent-versions-loaded`) is built again for its input in
+/// flight; its agent's state, opened then for the first time in the process, is rebuilt
+/// from its log before the input runs, so the input's recorded call is served.
+#[tokio::test]
+async fn an_input_of_a_version_let_go_runs_on_its_recorded_calls() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (state, tenant, token) = serve_fixture(dir.path());
+    // A newer version that does not load (its file damaged): with one version loaded, no
+    // version of `bot` opens its state at the start, and #2's (version 1) is let go of.
+    let newer = tenant.join("agents/bot/2");
+    std::fs::create_dir_all(&newer).expect("mkdir");
+    std::fs::write(newer.join("agent.toml"), "name = \"bot\"\n[[actions]\n").expect("write");
+    let started_ms = now_ms();
+
+    let server =
+        crate::serve::Server::start(&state, "[tenants.acme.quotas]\nagent-versions-loaded = 1")
+            .await;
+    let outputs = server.wait_outputs("acme", &token, 2).await;
+    assert_resumed_on_its_record(&outputs, started_ms);
 }

@@ -281,7 +281,8 @@ async fn each_agent_keeps_its_state_as_its_state_section_says_and_fixed_for_its_
             "{changed}: {error}"
         );
     }
-    // The cadence may change; partitions left out take the state's.
+    // A version that leaves partitions out takes the state's, and may change the cadence
+    // (how it is kept to: the unit tests of server/states.rs).
     let cadence = "[state]\nmarker = \"refresh\"\ncheckpoint-every-ms = 500\n";
     let (status, body) = server
         .define("acme", &acme, &agent("bot", "worker", cadence))
@@ -292,4 +293,21 @@ async fn each_agent_keeps_its_state_as_its_state_section_says_and_fixed_for_its_
         .await;
     assert_eq!(status, StatusCode::ACCEPTED, "{body}");
     server.wait_outputs("acme", &acme, 4).await;
+
+    // A first definition that fails fixes nothing: the next one makes the state it asks.
+    let broken = "[state]\npartitions = 4\n[functions.x]\nkind = \"custom\"\n";
+    let (status, body) = server
+        .define("acme", &acme, &agent("late", "worker", broken))
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert!(!states.join("late").exists(), "no state is left behind");
+    let (status, body) = server
+        .define(
+            "acme",
+            &acme,
+            &agent("late", "worker", "[state]\npartitions = 6\n"),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    assert_eq!(partitions("late"), Some(6));
 }

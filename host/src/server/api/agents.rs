@@ -89,6 +89,13 @@ pub(super) async fn define_agent(
                 "cannot-build",
                 error.to_string(),
             ),
+            DefineError::State(state) if state.is_refusal() => {
+                ApiError::new(StatusCode::BAD_REQUEST, "bad-agent", state.to_string())
+            }
+            DefineError::State(state) => {
+                tracing::error!(tenant, "opening an agent's state: {state}");
+                ApiError::internal("the server could not open the agent's state; try again")
+            }
             // Asking for more than a quota allows is the definition's error: a retry
             // would get the same answer (429 would tell a client to retry).
             DefineError::Quota(quota) if quota.quota != "stored-bytes" => {

@@ -255,9 +255,14 @@ impl Tenant {
             Some(Version::LetGo) => {
                 let (builder, dir, agent) =
                     (self.builder.clone(), self.dir.clone(), agent.to_owned());
-                tokio::task::spawn_blocking(move || builder.load(&dir, &agent, version))
-                    .await
-                    .map_err(|e| format!("loading version {version} failed: {e}"))?
+                let built =
+                    tokio::task::spawn_blocking(move || builder.load(&dir, &agent, version))
+                        .await
+                        .map_err(|e| format!("loading version {version} failed: {e}"))??;
+                built.state.ready().await.map_err(|error| {
+                    format!("recovering the recorded calls of version {version}: {error}")
+                })?;
+                Ok(built.agent)
             }
             None => Err(format!("agent {agent} has no version {version}")),
         }

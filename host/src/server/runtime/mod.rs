@@ -413,13 +413,10 @@ impl TenantRuntime {
         })?;
         // The cache of recorded calls, from what each state log holds; the journal's
         // finished inputs are pruned again as it is read back.
-        states
-            .rebuild_opened()
-            .await
-            .map_err(|error| OpenError::State {
-                tenant: name.to_owned(),
-                error,
-            })?;
+        states.ready_all().await.map_err(|error| OpenError::State {
+            tenant: name.to_owned(),
+            error,
+        })?;
         let tenant = Arc::new(Tenant {
             name: name.to_owned(),
             runs: Arc::new(Semaphore::new(policy.quotas.concurrent_runs as usize)),
@@ -508,16 +505,19 @@ impl TenantRuntime {
         }
         let mut keys = Vec::with_capacity(folded.keys.len());
         for (key, state) in folded.keys {
-            if let Some(sequence) = state.last_finished
-                && let Some(agent_state) = tenant.states.get(&key.agent)
-            {
+            if let Some(sequence) = state.last_finished {
                 let scope = KeyScope::new(&tenant.name, &key.agent, &key.key);
-                (agent_state.store.prune(&scope, sequence).await).map_err(|error| {
-                    OpenError::Store {
-                        tenant: tenant.name.clone(),
-                        error,
+                match tenant.states.get(&key.agent) {
+                    Some(agent_state) => {
+                        (agent_state.store.prune(&scope, sequence).await).map_err(|error| {
+                            OpenError::Store {
+                                tenant: tenant.name.clone(),
+                                error,
+                            }
+                        })?;
                     }
-                })?;
+                    None => tenant.states.prune_when_open(&key.agent, scope, sequence),
+                }
             }
             ledger.keys.insert(key.clone(), state.ledger);
             keys.push((key, state.next, state.memory));
@@ -590,15 +590,25 @@ impl TenantRuntime {
         let _one_at_a_time = self.defining.lock().await;
         let builder = tenant.builder.clone();
         let dir = tenant.dir.clone();
-        let (name, version, agent) =
-            tokio::task::spawn_blocking(move || builder.define(&dir, &text))
+        let joined = |e: tokio::task::JoinError| {
+            DefineError::Build(format!("defining the agent failed: {e}"))
+        };
+        let prepared = tokio::task::spawn_blocking(move || builder.prepare(&dir, &text))
+            .await
+            .map_err(joined)??;
+        // Before the version is in place: no input runs on a state whose cache is not yet
+        // what its log holds.
+        if let Err(error) = prepared.built.state.ready().await {
+            let agent = prepared.name.clone();
+            tokio::task::spawn_blocking(move || prepared.abandon())
                 .await
-                .map_err(|e| DefineError::Build(format!("defining the agent failed: {e}")))??;
-        // A state opened for the first time since the start (a new agent's, or that of one
-        // whose versions could not be loaded then) holds what its log holds.
-        if let Err(error) = tenant.states.rebuild_opened().await {
-            return Err(DefineError::Build(error.to_string()));
+                .map_err(joined)?;
+            return Err(StateError::Store { agent, error }.into());
         }
+        let (name, version, built) = tokio::task::spawn_blocking(move || prepared.commit())
+            .await
+            .map_err(joined)??;
+        let agent = built.agent;
         {
             let mut agents = tenant.agents.write().unwrap_or_else(|p| p.into_inner());
             let versions = agents.entry(name.clone()).or_default();
