@@ -260,9 +260,10 @@ pub struct States {
     incarnation: Incarnation,
     /// The tenant-wide log of an earlier release, and the agents defined then, which use it.
     shared: Option<(Arc<AgentState>, BTreeSet<String>)>,
-    /// Each agent's state, once a version of it asked ([`of`](Self::of)). Held while a
-    /// state log is opened, so that an agent's is opened once.
+    /// Each agent's state, once a version of it asked ([`of`](Self::of)).
     agents: Mutex<BTreeMap<String, Arc<AgentState>>>,
+    /// Held while a state is opened or taken back, so that an agent's is opened once.
+    opening: Mutex<()>,
     /// Finished inputs of agents whose state is not open, to prune once it is.
     later: Mutex<BTreeMap<String, Vec<(KeyScope, u64)>>>,
 }
@@ -313,6 +314,7 @@ impl States {
             incarnation,
             shared,
             agents: Mutex::new(BTreeMap::new()),
+            opening: Mutex::new(()),
             later: Mutex::new(BTreeMap::new()),
         })
     }
@@ -322,10 +324,13 @@ impl States {
     /// [`AgentState::ready`].
     pub fn of(&self, agent: &str, wanted: &Wanted<'_>) -> Result<Opened, StateError> {
         let config = wanted.config;
-        let mut agents = self.agents.lock().unwrap_or_else(|p| p.into_inner());
+        // Opens one at a time; the map's lock is held only to look up and insert, so that
+        // inputs that look up their agent's state do not wait for a log to open.
+        let _opening = self.opening.lock().unwrap_or_else(|p| p.into_inner());
         let mut created = false;
-        let state = match agents.get(agent) {
-            Some(state) => Arc::clone(state),
+        let open = self.get(agent);
+        let state = match open {
+            Some(state) => state,
             None => {
                 let state = match &self.shared {
                     Some((shared, users)) if users.contains(agent) => Arc::clone(shared),
@@ -353,6 +358,7 @@ impl States {
                     let mut prunes = state.prunes.lock().unwrap_or_else(|p| p.into_inner());
                     prunes.extend(later);
                 }
+                let mut agents = self.agents.lock().unwrap_or_else(|p| p.into_inner());
                 agents.insert(agent.to_owned(), Arc::clone(&state));
                 state
             }
@@ -387,8 +393,9 @@ impl States {
     /// then failed: no input ran on it, and the agent's next definition creates it again as
     /// it asks.
     pub fn forget(&self, agent: &str) -> Result<(), StateError> {
-        let mut agents = self.agents.lock().unwrap_or_else(|p| p.into_inner());
-        if agents.remove(agent).is_some_and(|state| !state.shared) {
+        let _opening = self.opening.lock().unwrap_or_else(|p| p.into_inner());
+        let removed = (self.agents.lock().unwrap_or_else(|p| p.into_inner())).remove(agent);
+        if removed.is_some_and(|state| !state.shared) {
             let dir = self.dir.join(agent);
             match std::fs::remove_dir_all(&dir) {
                 Ok(()) => {}
