@@ -656,6 +656,22 @@ impl<S: OutputSink> Run<'_, S> {
             .retain(|error| error.input() != (key, sequence));
     }
 
+    /// Whether every key the core holds stalled has its park or stop recorded here.
+    fn stalls_heard(&self) -> bool {
+        self.keys
+            .heads(|_, head| head.stalled())
+            .iter()
+            .all(|stalled| {
+                let (key, sequence) = (&stalled.key, stalled.first.input.sequence);
+                let parked = self
+                    .tracker
+                    .pending
+                    .get(&(key.clone(), sequence))
+                    .is_some_and(|pending| pending.parked.is_some());
+                parked || (self.summary.stopped.iter()).any(|(k, s, _)| k == key && *s == sequence)
+            })
+    }
+
     /// Gives `line` its key's next sequence and queues it.
     fn accept(&mut self, line: InputLine) {
         self.summary.inputs += 1;
@@ -690,7 +706,9 @@ impl<S: OutputSink> Run<'_, S> {
     /// Waits for every accepted input to complete or stall (parked, stopped, or waiting
     /// behind one), checkpointing on time meanwhile, then takes the final checkpoint.
     async fn finish(&mut self) -> std::io::Result<()> {
-        while self.in_flight() > 0 {
+        // The core counts a key stalled as it decides the park, before this loop hears of
+        // it: wait for that too, or the last checkpoint would miss the park.
+        while self.in_flight() > 0 || !self.stalls_heard() {
             let due = self.checkpoint_time();
             let next = tokio::select! {
                 next = self.done_rx.recv() => next,
