@@ -127,7 +127,7 @@ impl Prepared {
     pub fn abandon(self) {
         let _ = std::fs::remove_dir_all(&self.temp);
         if self.built.created {
-            self.builder.forget_state(&self.name);
+            self.builder.forget_state(&self.name, &self.built.state);
         }
     }
 }
@@ -196,7 +196,7 @@ impl Builder {
             }),
             Err(error) => {
                 if opened.created {
-                    self.forget_state(&name);
+                    self.forget_state(&name, &opened.state);
                 }
                 Err(error)
             }
@@ -204,8 +204,8 @@ impl Builder {
     }
 
     /// Takes back the state a definition of `agent` that failed created.
-    fn forget_state(&self, agent: &str) {
-        if let Err(error) = self.states.forget(agent) {
+    fn forget_state(&self, agent: &str, state: &Arc<AgentState>) {
+        if let Err(error) = self.states.forget(agent, state) {
             tracing::warn!(tenant = %self.tenant, agent,
                 "taking back the state of a definition that failed: {error}");
         }

@@ -292,6 +292,16 @@ impl States {
     /// that use it.
     pub fn open(tenant_dir: &Path, incarnation: Incarnation) -> Result<Self, StateError> {
         let dir = tenant_dir.join(DIR);
+        // A state is made by a definition before its version is put in place; one whose
+        // definition died before that never took an input, and fixes nothing.
+        for agent in subdirs(&dir).map_err(io(&dir))? {
+            if !has_version(&tenant_dir.join("agents").join(&agent))? {
+                let orphan = dir.join(&agent);
+                tracing::warn!(dir = %orphan.display(),
+                    "removing the state of an agent with no version (its definition failed)");
+                std::fs::remove_dir_all(&orphan).map_err(io(&orphan))?;
+            }
+        }
         let shared_dir = tenant_dir.join(SHARED_DIR);
         let shared = if shared_dir.is_dir() {
             let config = StateConfig {
@@ -328,7 +338,7 @@ impl States {
         // inputs that look up their agent's state do not wait for a log to open.
         let _opening = self.opening.lock().unwrap_or_else(|p| p.into_inner());
         let mut created = false;
-        let open = self.get(agent);
+        let open = self.opened(agent);
         let state = match open {
             Some(state) => state,
             None => {
@@ -389,21 +399,28 @@ impl States {
         })
     }
 
-    /// Takes back the state of `agent` that [`of`](Self::of) created for a definition that
-    /// then failed: no input ran on it, and the agent's next definition creates it again as
-    /// it asks.
-    pub fn forget(&self, agent: &str) -> Result<(), StateError> {
+    /// Takes back `state`, which [`of`](Self::of) created for a definition of `agent` that
+    /// then failed: its directory goes, and the agent's next definition creates it again as
+    /// it asks. Only while the map and the caller are all that hold it: a state another
+    /// version took meanwhile (an input runs on it) stays. Whether it was taken back.
+    pub fn forget(&self, agent: &str, state: &Arc<AgentState>) -> Result<bool, StateError> {
         let _opening = self.opening.lock().unwrap_or_else(|p| p.into_inner());
-        let removed = (self.agents.lock().unwrap_or_else(|p| p.into_inner())).remove(agent);
-        if removed.is_some_and(|state| !state.shared) {
-            let dir = self.dir.join(agent);
-            match std::fs::remove_dir_all(&dir) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(io(&dir)(e)),
+        {
+            let mut agents = self.agents.lock().unwrap_or_else(|p| p.into_inner());
+            let ours = agents
+                .get(agent)
+                .is_some_and(|held| Arc::ptr_eq(held, state));
+            if !ours || state.shared || Arc::strong_count(state) > 2 {
+                return Ok(false);
             }
+            agents.remove(agent);
         }
-        Ok(())
+        let dir = self.dir.join(agent);
+        match std::fs::remove_dir_all(&dir) {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(true),
+            Err(e) => Err(io(&dir)(e)),
+        }
     }
 
     /// Has the states of `scope`'s inputs up to `up_to` (finished) pruned when `agent`'s
@@ -416,8 +433,15 @@ impl States {
             .push((scope, up_to));
     }
 
-    /// The state of `agent`, when a version of it was built.
+    /// The state of `agent`, when a version of it was built and the state is
+    /// [ready](AgentState::ready): what the cache holds is what its log holds.
     pub fn get(&self, agent: &str) -> Option<Arc<AgentState>> {
+        self.opened(agent)
+            .filter(|state| state.rebuilt.initialized())
+    }
+
+    /// The state of `agent`, when a version of it was built, ready or not.
+    pub fn opened(&self, agent: &str) -> Option<Arc<AgentState>> {
         let agents = self.agents.lock().unwrap_or_else(|p| p.into_inner());
         agents.get(agent).map(Arc::clone)
     }
@@ -475,13 +499,8 @@ fn shared_users(
     let agents_dir = tenant_dir.join("agents");
     let mut agents = BTreeSet::new();
     for name in subdirs(&agents_dir).map_err(io(&agents_dir))? {
-        let versions = agents_dir.join(&name);
         // A definition that failed leaves its agent's directory without a version.
-        let defined = subdirs(&versions)
-            .map_err(io(&versions))?
-            .iter()
-            .any(|v| v.parse::<u32>().is_ok());
-        if defined && !own.contains(&name) {
+        if has_version(&agents_dir.join(&name))? && !own.contains(&name) {
             agents.insert(name);
         }
     }
@@ -489,12 +508,18 @@ fn shared_users(
         format: SHARED_USERS_FORMAT,
         agents,
     };
-    let bytes = serde_json::to_vec_pretty(&users).map_err(|e| StateError::Unreadable {
+    let bytes = serde_json::to_vec_pretty(&users).map_err(|e| StateError::Io {
         path: path.clone(),
-        message: e.to_string(),
+        error: std::io::Error::other(e),
     })?;
     private::write(&path, &bytes).map_err(io(&path))?;
     Ok(users.agents)
+}
+
+/// Whether the agent directory `dir` holds a version (`dir/N/`).
+fn has_version(dir: &Path) -> Result<bool, StateError> {
+    let versions = subdirs(dir).map_err(io(dir))?;
+    Ok(versions.iter().any(|v| v.parse::<u32>().is_ok()))
 }
 
 /// The names of the directories in `dir` (none when it does not exist), hidden ones left out.
@@ -571,8 +596,14 @@ mod tests {
         };
         let opened = states.of("bot", &wanted(&four)).expect("opened");
         assert!(opened.created);
+        let held = states.opened("bot").expect("in the map");
+        assert!(
+            !states.forget("bot", &opened.state).expect("forget"),
+            "a state another holds stays"
+        );
+        drop(held);
+        assert!(states.forget("bot", &opened.state).expect("forgotten"));
         drop(opened);
-        states.forget("bot").expect("forgotten");
         assert!(!tenant.path().join("states/bot").exists());
         let six = StateConfig {
             partitions: 6,
@@ -599,8 +630,15 @@ mod tests {
             std::fs::create_dir_all(dir.join(made)).expect("mkdir");
         }
         let shared_of = |states: &States| states.shared.as_ref().expect("shared").1.clone();
+        // And a state whose definition died before its version was in place.
+        std::fs::create_dir_all(dir.join("states/orphan")).expect("mkdir");
         let states = States::open(dir, Incarnation::random()).expect("open");
         assert_eq!(shared_of(&states), BTreeSet::from(["old".to_owned()]));
+        assert!(!dir.join("states/orphan").exists(), "an orphan state goes");
+        assert!(
+            dir.join("states/own").exists(),
+            "a state with a version stays"
+        );
         drop(states);
         // Agents defined later, by this release, never join it, whatever they hold.
         std::fs::create_dir_all(dir.join("agents/later/1")).expect("mkdir");
@@ -617,6 +655,7 @@ mod tests {
         use crate::store::{ActionState, Digest, StateKey};
 
         let tenant = tempfile::tempdir().expect("tempdir");
+        std::fs::create_dir_all(tenant.path().join("agents/bot/1")).expect("a version");
         let config = StateConfig::default();
         let scope = KeyScope::new("acme", "bot", "k");
         {

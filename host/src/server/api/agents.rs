@@ -73,7 +73,11 @@ pub(super) async fn define_agent(
             format!("agent.toml is not UTF-8: {e}"),
         )
     })?;
-    match runtime.define(body).await {
+    // In a task of its own: a client that goes away does not stop a definition half way.
+    let defined = tokio::spawn(async move { runtime.define(body).await })
+        .await
+        .map_err(|e| ApiError::internal(format!("defining the agent failed: {e}")))?;
+    match defined {
         Ok((agent, version)) => Ok((StatusCode::CREATED, Json(Defined { agent, version }))),
         Err(error) => Err(match error {
             DefineError::Invalid(_) => {

@@ -513,5 +513,13 @@ fn refused(tenant: &str, error: CommandRefused) -> ApiError {
                  the server is restarted",
             )
         }
+        CommandRefused::State(_) => {
+            tracing::error!(tenant, "{error}");
+            ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unavailable",
+                "the agent's recorded calls could not be read back; try again",
+            )
+        }
     }
 }

@@ -329,6 +329,9 @@ pub enum CommandRefused {
     NotInDoubt(CommandError),
     #[error("{0}")]
     Record(CommandError),
+    /// The agent's recorded calls could not be read back from its state log.
+    #[error(transparent)]
+    State(#[from] StateError),
 }
 
 impl From<CommandError> for CommandRefused {
@@ -1001,8 +1004,13 @@ impl TenantRuntime {
         let tenant = Arc::clone(&self.tenant);
         let scope = KeyScope::new(&self.tenant.name, agent, key);
         let (who, of) = (by.to_owned(), id.clone());
-        let state = (tenant.states.get(agent)).ok_or_else(|| {
+        let state = (tenant.states.opened(agent)).ok_or_else(|| {
             CommandRefused::UnknownAgent(format!("{agent} (none of its versions could be loaded)"))
+        })?;
+        // Not on a cache that its log has not filled yet (a version of it being loaded).
+        (state.ready().await).map_err(|error| StateError::Store {
+            agent: agent.to_owned(),
+            error,
         })?;
         let resolve = |queued: Queued<Entry>| async move {
             let resolved = durable::resolve(
