@@ -18,7 +18,7 @@ def show(rev, path):
     if rev: return subprocess.run(['git','show',f'{rev}:{path}'],capture_output=True,text=True).stdout
     return open(path).read()
 old=[('a42de2e','host/src/agent/scheduler.rs'),('a42de2e','host/src/server/runtime.rs'),('a42de2e','host/src/cluster/partition.rs')]
-new=[(None,p) for p in ['host/src/keys/mod.rs','host/src/keys/retry.rs','host/src/keys/stream.rs','host/src/server/runtime/front.rs','host/src/server/runtime/lifecycle.rs','host/src/server/runtime/mod.rs','host/src/server/runtime/replay.rs','host/src/server/states.rs','host/src/cluster/partition.rs']]
+new=[(None,p) for p in ['host/src/keys/mod.rs','host/src/keys/stream.rs','host/src/server/runtime/front.rs','host/src/server/runtime/lifecycle.rs','host/src/server/runtime/mod.rs','host/src/server/runtime/replay.rs','host/src/server/states.rs','host/src/cluster/partition.rs']]
 for name,files in [('old',old),('new',new)]:
     tot=0
     for rev,p in files:

@@ -21,6 +21,7 @@
 //! - [`commands`]: operator commands (retry, skip) left for the process that runs a state.
 
 pub mod agent;
+pub mod backoff;
 pub mod checkpoint;
 #[cfg(feature = "jetstream")]
 pub mod cluster;

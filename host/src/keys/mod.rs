@@ -6,7 +6,6 @@
 //! and `rewind cluster` ([`run_inputs`], progress in checkpoints), `rewind serve` (progress
 //! in the tenant's journal). docs/SEMANTICS.md, "Failure of an input", states the rules.
 
-mod retry;
 mod stream;
 
 use std::collections::{HashMap, VecDeque};
@@ -19,13 +18,13 @@ use async_trait::async_trait;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-pub use retry::delay;
 pub use stream::{
     CheckpointFailed, Checkpointing, CheckpointsFailing, FAILED_CHECKPOINTS_TO_STOP, Progress,
     Retention, RunOptions, Summary, WaitingInputs, run_inputs,
 };
 
 use crate::agent::{Agent, InputError, InputReport, Memory};
+use crate::backoff::Backoff;
 pub use crate::checkpoint::Ended;
 use crate::event::Input;
 use crate::text;
@@ -880,7 +879,11 @@ async fn attempts<F: Front>(
         // Escaped and bounded: a guest's error is its own text.
         let message = text::outside_error(&error.to_string());
         if attempt < retry.attempts {
-            let after = delay(&retry, attempt);
+            let after = Backoff {
+                initial: Duration::from_millis(retry.initial_ms),
+                max: Duration::from_millis(retry.max_ms),
+            }
+            .delay(attempt);
             tracing::warn!(tenant = %labels.0, agent = labels.1, key = %key, sequence,
                 attempt, attempts = retry.attempts, retry_in = ?after,
                 "input failed; retrying: {message}");
