@@ -74,17 +74,30 @@ impl MockState {
         before
     }
 
-    /// Records one call to `route`.
-    pub(crate) fn record(&self, route: &str, idempotency_key: Option<&str>, authorized: bool) {
+    /// Records one call to `route`; how many calls its idempotency key has had, this one
+    /// included (0 without a key).
+    pub(crate) fn record(
+        &self,
+        route: &str,
+        idempotency_key: Option<&str>,
+        authorized: bool,
+    ) -> u64 {
         let mut tally = self.lock();
         tally.total += 1;
         *tally.by_route.entry(route.to_owned()).or_default() += 1;
-        match idempotency_key {
-            Some(key) => *tally.by_key.entry(key.to_owned()).or_default() += 1,
-            None => tally.without_key += 1,
-        }
         if authorized {
             tally.with_authorization += 1;
+        }
+        match idempotency_key {
+            Some(key) => {
+                let calls = tally.by_key.entry(key.to_owned()).or_default();
+                *calls += 1;
+                *calls
+            }
+            None => {
+                tally.without_key += 1;
+                0
+            }
         }
     }
 

@@ -31,6 +31,12 @@
 //!
 //! A request body that is not JSON, or not the JSON a route expects, gets a `400` whose body
 //! is `{"error": "<what is wrong>", "code": "<stable code>"}` (see [`RequestError`]).
+//!
+//! A caller can ask to be refused, to test how it copes with rate limits and outages: a
+//! counted request with [`THROTTLE_HEADER`]` : N` is answered `429 Too Many Requests` (or the
+//! status [`THROTTLE_STATUS_HEADER`] names) with `Retry-After: 1` (or what
+//! [`THROTTLE_RETRY_AFTER_HEADER`] says) when it is one of the first N calls of its
+//! `Idempotency-Key`; the calls after them are served. Refused calls are counted.
 
 mod chat;
 mod counts;
@@ -50,6 +56,15 @@ pub use server::{MockHandle, MockService, router};
 /// Calls are counted per distinct value of this header; a call without it is counted in
 /// [`Counts::without_key`].
 pub const IDEMPOTENCY_KEY_HEADER: &str = "idempotency-key";
+
+/// `x-mock-throttle: N`: the first N calls of the request's idempotency key are refused.
+pub const THROTTLE_HEADER: &str = "x-mock-throttle";
+
+/// `x-mock-throttle-status: 503`: the status of a refused call (default 429).
+pub const THROTTLE_STATUS_HEADER: &str = "x-mock-throttle-status";
+
+/// `x-mock-retry-after: VALUE`: the `Retry-After` of a refused call (default `1`).
+pub const THROTTLE_RETRY_AFTER_HEADER: &str = "x-mock-retry-after";
 
 /// The `created` timestamp of every chat completion, fixed so that replies are reproducible.
 pub const CHAT_CREATED: u64 = 1_700_000_000;

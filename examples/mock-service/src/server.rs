@@ -4,10 +4,10 @@ use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use axum::extract::{Request, State};
-use axum::http::header::AUTHORIZATION;
-use axum::http::{Method, StatusCode, Uri};
+use axum::http::header::{AUTHORIZATION, RETRY_AFTER};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri};
 use axum::middleware::{self, Next};
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::{Value, json};
@@ -16,7 +16,10 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 use crate::counts::{Counts, MockState};
-use crate::{IDEMPOTENCY_KEY_HEADER, chat, tools};
+use crate::{
+    IDEMPOTENCY_KEY_HEADER, THROTTLE_HEADER, THROTTLE_RETRY_AFTER_HEADER, THROTTLE_STATUS_HEADER,
+    chat, tools,
+};
 
 /// The mock's routes (see the crate documentation), serving and counting into `state`.
 ///
@@ -50,9 +53,37 @@ async fn count_call(State(state): State<MockState>, request: Request, next: Next
         let authorized = headers.contains_key(AUTHORIZATION);
         let route = request.uri().path();
         tracing::debug!(route, key = key.as_deref(), "call");
-        state.record(route, key.as_deref(), authorized);
+        let calls = state.record(route, key.as_deref(), authorized);
+        if let Some(refused) = throttled(headers, calls) {
+            return refused;
+        }
     }
     next.run(request).await
+}
+
+/// The answer to a call refused by [`THROTTLE_HEADER`]: its key's `calls`-th.
+fn throttled(headers: &HeaderMap, calls: u64) -> Option<Response> {
+    let header = |name: &str| headers.get(name).and_then(|value| value.to_str().ok());
+    let first = header(THROTTLE_HEADER)?.trim().parse::<u64>().ok()?;
+    if calls == 0 || calls > first {
+        return None;
+    }
+    let status = header(THROTTLE_STATUS_HEADER)
+        .and_then(|status| status.trim().parse::<u16>().ok())
+        .and_then(|status| StatusCode::from_u16(status).ok())
+        .unwrap_or(StatusCode::TOO_MANY_REQUESTS);
+    let retry_after = header(THROTTLE_RETRY_AFTER_HEADER)
+        .unwrap_or("1")
+        .to_owned();
+    let body = Json(json!({
+        "error": format!("refused call {calls} of this key (the first {first} are)"),
+        "code": "throttled",
+    }));
+    let mut response = (status, body).into_response();
+    if let Ok(value) = HeaderValue::from_str(&retry_after) {
+        response.headers_mut().insert(RETRY_AFTER, value);
+    }
+    Some(response)
 }
 
 async fn get_counts(State(state): State<MockState>) -> Json<Counts> {

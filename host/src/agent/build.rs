@@ -4,8 +4,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::config::{AgentFile, FunctionConfig, FunctionKind};
+use super::config::{AgentFile, FunctionConfig, FunctionKind, FunctionRetryConfig};
 use super::{Action, Agent, DEFAULT_TENANT};
+use crate::backoff::Backoff;
 use crate::durable::{CallBudget, CallPolicy, InDoubtPolicy};
 use crate::functions::{
     AllowedHosts, Clock, DEFAULT_MAX_RESPONSE_BYTES, Function, Functions, HttpConfig, HttpFunction,
@@ -301,10 +302,15 @@ fn build_function(
             let value = secrets.get(name, &format!("secret header `{header}`"))?;
             headers.push((header.clone(), value));
         }
-        let mut retry = RetryPolicy::default();
-        if let Some(retries) = config.retries {
-            retry.retries = retries;
-        }
+        let retry = FunctionRetryConfig::from_keys(config.retry, config.retries);
+        let retry = RetryPolicy {
+            attempts: retry.attempts,
+            backoff: Backoff {
+                initial: Duration::from_millis(retry.initial_ms),
+                max: Duration::from_millis(retry.max_ms),
+            },
+            deadline: Duration::from_millis(retry.deadline_ms),
+        };
         Ok(HttpConfig {
             url,
             timeout: Duration::from_millis(config.timeout_ms.unwrap_or(default_timeout)),

@@ -160,7 +160,10 @@ pub struct FunctionConfig {
     pub api_key_env: Option<String>,
     /// `http`, `openai-chat`: per attempt. Default 10,000 (60,000 for `openai-chat`).
     pub timeout_ms: Option<u64>,
-    /// `http`, `openai-chat`: attempts after the first, on transport errors and 5xx. Default 3.
+    /// `http`, `openai-chat`: how failed requests are tried again.
+    pub retry: Option<FunctionRetryConfig>,
+    /// `http`, `openai-chat`: the earlier form of `retry.attempts` (requests after the first),
+    /// still read, with a warning.
     pub retries: Option<u32>,
     /// `http`, `openai-chat`: headers sent with every request.
     #[serde(default)]
@@ -180,6 +183,51 @@ pub struct FunctionConfig {
     /// longer answer is a recorded failure, "response larger than N bytes". Default
     /// 4 MiB.
     pub max_response_bytes: Option<u64>,
+}
+
+/// `[functions."name".retry]`: how a function's failed requests are tried again. A request
+/// is tried again after a transport error, a 5xx, or a 408, 409 or 429 answer; any other
+/// answer is final at once. Each wait is exponential backoff with full jitter, and at least
+/// what a 429's or 503's `Retry-After` asks. The last answer is the call's outcome (the one
+/// recorded); none of the attempts before it is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
+pub struct FunctionRetryConfig {
+    /// Requests in all, the first included. Default 4; 1 never tries again.
+    pub attempts: u32,
+    /// The bound on the first wait, in milliseconds. Default 100.
+    pub initial_ms: u64,
+    /// The bound on any backoff wait, in milliseconds (a `Retry-After` may ask for more).
+    /// Default 2,000.
+    pub max_ms: u64,
+    /// No request starts later than this after the first, in milliseconds: a wait that
+    /// would end past it ends the retries. Default 60,000.
+    pub deadline_ms: u64,
+}
+
+impl Default for FunctionRetryConfig {
+    fn default() -> Self {
+        Self {
+            attempts: 4,
+            initial_ms: 100,
+            max_ms: 2_000,
+            deadline_ms: 60_000,
+        }
+    }
+}
+
+impl FunctionRetryConfig {
+    /// The policy `retry` and the earlier `retries` (`None` and `None`: the default) say.
+    pub fn from_keys(retry: Option<Self>, retries: Option<u32>) -> Self {
+        match (retry, retries) {
+            (Some(retry), _) => retry,
+            (None, Some(retries)) => Self {
+                attempts: retries.saturating_add(1),
+                ..Self::default()
+            },
+            (None, None) => Self::default(),
+        }
+    }
 }
 
 /// Why an agent could not be loaded. Names the file and what is wrong in it.
@@ -290,6 +338,13 @@ impl AgentConfig {
             function
                 .validate()
                 .map_err(|message| format!("function `{name}`: {message}"))?;
+            if let Some(retries) = function.retries {
+                tracing::warn!(
+                    "function `{name}`: `retries = {retries}` is read as `[functions.\"{name}\".retry] \
+                     attempts = {}`; write that instead",
+                    retries.saturating_add(1)
+                );
+            }
             for action in function.actions.iter().flatten() {
                 if !names.contains(action.as_str()) {
                     return Err(format!(
@@ -310,6 +365,7 @@ impl FunctionConfig {
             ("model", self.model.is_some()),
             ("api-key-env", self.api_key_env.is_some()),
             ("timeout-ms", self.timeout_ms.is_some()),
+            ("retry", self.retry.is_some()),
             ("retries", self.retries.is_some()),
             ("headers", !self.headers.is_empty()),
             ("secret-headers", !self.secret_headers.is_empty()),
@@ -322,6 +378,7 @@ impl FunctionConfig {
                 &[
                     "url",
                     "timeout-ms",
+                    "retry",
                     "retries",
                     "headers",
                     "secret-headers",
@@ -336,6 +393,7 @@ impl FunctionConfig {
                     "model",
                     "api-key-env",
                     "timeout-ms",
+                    "retry",
                     "retries",
                     "headers",
                     "secret-headers",
@@ -360,6 +418,24 @@ impl FunctionConfig {
         for url in [&self.url, &self.base_url].into_iter().flatten() {
             if !(url.starts_with("http://") || url.starts_with("https://")) {
                 return Err(format!("`{url}` is not an http:// or https:// URL"));
+            }
+        }
+        if self.retry.is_some() && self.retries.is_some() {
+            return Err(
+                "`retries` and `retry` both say how requests are tried again: keep `retry` \
+                 (`retries = N` is `retry.attempts = N + 1`)"
+                    .to_owned(),
+            );
+        }
+        if let Some(retry) = &self.retry {
+            if retry.attempts == 0 {
+                return Err("`retry.attempts` is 0: it counts the first request too".to_owned());
+            }
+            if retry.initial_ms > retry.max_ms {
+                return Err(format!(
+                    "`retry.initial-ms` ({}) is above `retry.max-ms` ({})",
+                    retry.initial_ms, retry.max_ms
+                ));
             }
         }
         Ok(())
@@ -406,6 +482,32 @@ on = ["input"]
         let message = err.to_string();
         assert!(message.contains("memory-mb"), "{message}");
         assert!(message.contains("agent.toml"), "{message}");
+    }
+
+    #[test]
+    fn a_functions_retry_is_its_table_or_the_earlier_retries_and_bad_ones_are_named() {
+        let http = "[functions.f]\nkind = \"http\"\nurl = \"http://127.0.0.1:1/\"\n";
+        let retry_of = |extra: &str| {
+            let file = parse(&format!("{MINIMAL}\n{http}{extra}")).expect("valid");
+            let f = &file.config.functions["f"];
+            FunctionRetryConfig::from_keys(f.retry, f.retries)
+        };
+        assert_eq!(retry_of(""), FunctionRetryConfig::default());
+        assert_eq!(retry_of("retries = 5\n").attempts, 6);
+        let retry = retry_of("retry = { attempts = 2, deadline-ms = 500 }\n");
+        assert_eq!(
+            (retry.attempts, retry.deadline_ms, retry.max_ms),
+            (2, 500, 2_000)
+        );
+        for (extra, says) in [
+            ("retries = 1\nretry = { attempts = 2 }\n", "both say"),
+            ("retry = { attempts = 0 }\n", "`retry.attempts` is 0"),
+            ("retry = { initial-ms = 5000 }\n", "above `retry.max-ms`"),
+            ("retry = { tries = 3 }\n", "tries"),
+        ] {
+            let error = parse(&format!("{MINIMAL}\n{http}{extra}")).expect_err(extra);
+            assert!(error.to_string().contains(says), "{extra}: {error}");
+        }
     }
 
     #[test]

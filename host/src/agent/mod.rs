@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 pub use build::{AgentBuilder, BuildError, Secrets};
 pub use config::{
     ActionConfig, AgentConfig, AgentFile, ConfigError, DEFAULT_PARALLELISM, FunctionConfig,
-    FunctionKind, RetryConfig, StateConfig, UnhandledEvents,
+    FunctionKind, FunctionRetryConfig, RetryConfig, StateConfig, UnhandledEvents,
 };
 pub use output::{JsonlSink, OutputSink, OutputWriter, WrittenIds};
 

@@ -1,12 +1,14 @@
 //! `kind = "http"`: POSTs the call's args as JSON to a URL and returns the JSON body.
 
 use std::fmt;
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
 
 use async_trait::async_trait;
 use reqwest::StatusCode;
 
 use super::{AllowedHosts, CallRequest, Function, FunctionError, Reconciled};
+use crate::backoff::{self, Backoff};
 
 /// Redirects followed before a call fails, as reqwest's default.
 const MAX_REDIRECTS: usize = 10;
@@ -15,31 +17,57 @@ const MAX_REDIRECTS: usize = 10;
 /// otherwise: 4 MiB.
 pub const DEFAULT_MAX_RESPONSE_BYTES: usize = 4 << 20;
 
-/// Retries on transport errors and 5xx answers, with exponential backoff.
+/// How a function's requests are tried again: after a transport error, a 5xx, or a 408,
+/// 409 or 429 answer (any other answer is final at once). The wait is exponential backoff
+/// with full jitter, and at least what a 429's or 503's `Retry-After` asks. Only the last
+/// answer is the call's outcome.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RetryPolicy {
-    /// Attempts after the first.
-    pub retries: u32,
-    pub initial_backoff: Duration,
-    pub max_backoff: Duration,
+    /// Requests in all, the first included.
+    pub attempts: u32,
+    pub backoff: Backoff,
+    /// No request starts later than this after the first: a wait that would end past it
+    /// ends the retries.
+    pub deadline: Duration,
 }
 
 impl Default for RetryPolicy {
     fn default() -> Self {
         Self {
-            retries: 3,
-            initial_backoff: Duration::from_millis(100),
-            max_backoff: Duration::from_secs(2),
+            attempts: 4,
+            backoff: Backoff {
+                initial: Duration::from_millis(100),
+                max: Duration::from_secs(2),
+            },
+            deadline: Duration::from_secs(60),
         }
     }
 }
 
-impl RetryPolicy {
-    fn backoff(&self, attempt: u32) -> Duration {
-        let factor = 2u32.saturating_pow(attempt);
-        self.initial_backoff
-            .saturating_mul(factor)
-            .min(self.max_backoff)
+/// Whether an answer with `status` is worth asking again for.
+fn retryable(status: StatusCode) -> bool {
+    status.is_server_error()
+        || matches!(
+            status,
+            StatusCode::REQUEST_TIMEOUT | StatusCode::CONFLICT | StatusCode::TOO_MANY_REQUESTS
+        )
+}
+
+/// Where a function waits between attempts: the runtime's timer, or (in tests) a record of
+/// the waits asked for.
+#[async_trait]
+pub trait Pause: Send + Sync + fmt::Debug {
+    async fn pause(&self, wait: Duration);
+}
+
+/// [`Pause`] on tokio's timer.
+#[derive(Debug)]
+pub struct Sleep;
+
+#[async_trait]
+impl Pause for Sleep {
+    async fn pause(&self, wait: Duration) {
+        tokio::time::sleep(wait).await;
     }
 }
 
@@ -80,11 +108,13 @@ impl fmt::Debug for HttpConfig {
     }
 }
 
-/// An HTTP answer that ended the retries: any status that is not 5xx, or the last 5xx.
+/// An HTTP answer that ended the retries: one not worth asking again for, or the last.
 #[derive(Debug)]
 pub(super) struct Answer {
     pub status: StatusCode,
     pub body: String,
+    /// Its `Retry-After` header, when it had one.
+    retry_after: Option<String>,
 }
 
 /// The part shared by every function that speaks JSON over HTTP.
@@ -92,6 +122,7 @@ pub(super) struct Answer {
 pub(super) struct JsonPoster {
     client: reqwest::Client,
     config: HttpConfig,
+    pause: Arc<dyn Pause>,
 }
 
 impl JsonPoster {
@@ -117,14 +148,25 @@ impl JsonPoster {
                     .expect("an HTTP client builds")
             }
         };
-        Self { client, config }
+        Self {
+            client,
+            config,
+            pause: Arc::new(Sleep),
+        }
+    }
+
+    /// Waits between attempts with `pause` instead of the timer.
+    #[cfg(test)]
+    pub fn pausing_with(mut self, pause: Arc<dyn Pause>) -> Self {
+        self.pause = pause;
+        self
     }
 
     pub fn url(&self) -> &str {
         &self.config.url
     }
 
-    /// POSTs `body` with the idempotency key, retrying transport errors and 5xx.
+    /// POSTs `body` with the idempotency key, trying again as the [`RetryPolicy`] says.
     pub async fn post(&self, body: String, idempotency_key: &str) -> Result<Answer, FunctionError> {
         self.send(
             reqwest::Method::POST,
@@ -135,8 +177,9 @@ impl JsonPoster {
         .await
     }
 
-    /// Sends `method url` with the idempotency key (and `body`, as JSON), retrying transport
-    /// errors and 5xx.
+    /// Sends `method url` with the idempotency key (and `body`, as JSON), trying again as
+    /// the [`RetryPolicy`] says. The last answer is returned; when the last attempt got no
+    /// answer (a transport error), the remote is [`FunctionError::Unavailable`].
     pub async fn send(
         &self,
         method: reqwest::Method,
@@ -145,62 +188,100 @@ impl JsonPoster {
         idempotency_key: &str,
     ) -> Result<Answer, FunctionError> {
         let retry = self.config.retry;
-        let mut attempt = 0;
+        let started = Instant::now();
+        let mut attempt = 1;
         loop {
-            let mut request = self
-                .client
-                .request(method.clone(), url)
-                .timeout(self.config.timeout)
-                .header("idempotency-key", idempotency_key);
-            if let Some(body) = &body {
-                request = request
-                    .header("content-type", "application/json")
-                    .body(body.clone());
-            }
-            for (name, value) in &self.config.headers {
-                request = request.header(name, value);
-            }
-            let outcome = match request.send().await {
-                Ok(response) => {
-                    let status = response.status();
-                    match read_body(response, self.config.max_response_bytes).await {
-                        Ok(Body::Read(body)) => Ok(Answer { status, body }),
-                        // Asked again, it would be as large: the call failed.
-                        Ok(Body::TooLarge) => {
-                            return Err(FunctionError::Failed(format!(
-                                "{method} {url}: response larger than {} bytes",
-                                self.config.max_response_bytes
-                            )));
-                        }
-                        Err(e) => Err(describe(&e)),
-                    }
-                }
-                // A redirect refused (off the allow-list, or too many) is an answer, not
-                // an outage: the call failed, and trying again would fail the same way.
-                Err(e) if e.is_redirect() => {
-                    return Err(FunctionError::Failed(format!(
-                        "{method} {url}: {}",
-                        describe(&e)
-                    )));
-                }
-                Err(e) => Err(describe(&e)),
+            let outcome = match self
+                .attempt(&method, url, body.as_deref(), idempotency_key)
+                .await?
+            {
+                Ok(answer) if !retryable(answer.status) => return Ok(answer),
+                outcome => outcome,
             };
-            let retryable = match &outcome {
-                Ok(answer) => answer.status.is_server_error(),
-                Err(_) => true,
+            let asked = match &outcome {
+                Ok(answer)
+                    if matches!(
+                        answer.status,
+                        StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE
+                    ) =>
+                {
+                    (answer.retry_after.as_deref())
+                        .and_then(|value| backoff::retry_after(value, SystemTime::now()))
+                }
+                _ => None,
             };
-            if retryable && attempt < retry.retries {
-                tracing::debug!(%url, attempt, "retrying after {:?}", outcome);
-                tokio::time::sleep(retry.backoff(attempt)).await;
-                attempt += 1;
-                continue;
-            }
-            return outcome.map_err(|e| {
-                FunctionError::Unavailable(format!(
-                    "{method} {url} failed after {} attempts: {e}",
-                    attempt + 1
+            let wait = retry.backoff.delay(attempt).max(asked.unwrap_or_default());
+            let over = if attempt >= retry.attempts {
+                Some(format!("after {attempt} attempts"))
+            } else if started.elapsed() + wait > retry.deadline {
+                Some(format!(
+                    "after {attempt} attempts: the next, in {wait:?}, would start past the \
+                     {:?} deadline",
+                    retry.deadline
                 ))
-            });
+            } else {
+                None
+            };
+            if let Some(over) = over {
+                return outcome.map_err(|error| {
+                    FunctionError::Unavailable(format!("{method} {url} failed {over}: {error}"))
+                });
+            }
+            tracing::debug!(%url, attempt, ?wait, "trying again after {outcome:?}");
+            self.pause.pause(wait).await;
+            attempt += 1;
+        }
+    }
+
+    /// One request: its answer, or why none came (a transport error). `Err` only for what
+    /// asking again would not change (a redirect refused, an answer over the cap).
+    async fn attempt(
+        &self,
+        method: &reqwest::Method,
+        url: &str,
+        body: Option<&str>,
+        idempotency_key: &str,
+    ) -> Result<Result<Answer, String>, FunctionError> {
+        let mut request = self
+            .client
+            .request(method.clone(), url)
+            .timeout(self.config.timeout)
+            .header("idempotency-key", idempotency_key);
+        if let Some(body) = body {
+            request = request
+                .header("content-type", "application/json")
+                .body(body.to_owned());
+        }
+        for (name, value) in &self.config.headers {
+            request = request.header(name, value);
+        }
+        match request.send().await {
+            Ok(response) => {
+                let status = response.status();
+                let retry_after = (response.headers().get(reqwest::header::RETRY_AFTER))
+                    .and_then(|value| value.to_str().ok())
+                    .map(str::to_owned);
+                match read_body(response, self.config.max_response_bytes).await {
+                    Ok(Body::Read(body)) => Ok(Ok(Answer {
+                        status,
+                        body,
+                        retry_after,
+                    })),
+                    // Asked again, it would be as large: the call failed.
+                    Ok(Body::TooLarge) => Err(FunctionError::Failed(format!(
+                        "{method} {url}: response larger than {} bytes",
+                        self.config.max_response_bytes
+                    ))),
+                    Err(e) => Ok(Err(describe(&e))),
+                }
+            }
+            // A redirect refused (off the allow-list, or too many) is an answer, not an
+            // outage: the call failed, and trying again would fail the same way.
+            Err(e) if e.is_redirect() => Err(FunctionError::Failed(format!(
+                "{method} {url}: {}",
+                describe(&e)
+            ))),
+            Err(e) => Ok(Err(describe(&e))),
         }
     }
 }
@@ -334,5 +415,163 @@ impl Function for HttpFunction {
 
     fn endpoint(&self) -> Option<&str> {
         Some(self.poster.url())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use rewind_mock::{
+        MockHandle, MockService, THROTTLE_HEADER, THROTTLE_RETRY_AFTER_HEADER,
+        THROTTLE_STATUS_HEADER,
+    };
+
+    use super::*;
+
+    /// The waits asked for, not waited.
+    #[derive(Debug, Default)]
+    struct Waits(Mutex<Vec<Duration>>);
+
+    #[async_trait]
+    impl Pause for Waits {
+        async fn pause(&self, wait: Duration) {
+            self.0.lock().expect("lock").push(wait);
+        }
+    }
+
+    /// A poster of the mock's echo tool, refused as `throttle` says, waiting into `waits`.
+    fn echo_poster(
+        base: &str,
+        throttle: &[(&str, &str)],
+        retry: RetryPolicy,
+        waits: &Arc<Waits>,
+    ) -> JsonPoster {
+        let config = HttpConfig {
+            url: format!("{base}/tools/echo"),
+            timeout: Duration::from_secs(10),
+            retry,
+            headers: (throttle.iter())
+                .map(|(name, value)| ((*name).to_owned(), (*value).to_owned()))
+                .collect(),
+            reconcile_url: None,
+            allowed_hosts: None,
+            max_response_bytes: DEFAULT_MAX_RESPONSE_BYTES,
+        };
+        JsonPoster::new(config).pausing_with(Arc::clone(waits) as Arc<dyn Pause>)
+    }
+
+    async fn mock() -> MockHandle {
+        MockService::start("127.0.0.1:0".parse().expect("addr"))
+            .await
+            .expect("the mock starts")
+    }
+
+    fn waits_of(waits: &Waits) -> Vec<Duration> {
+        waits.0.lock().expect("lock").clone()
+    }
+
+    #[tokio::test]
+    async fn a_429_with_retry_after_twice_then_an_answer_is_three_requests_one_outcome() {
+        let mock = mock().await;
+        let waits = Arc::new(Waits::default());
+        let throttle = [(THROTTLE_HEADER, "2"), (THROTTLE_RETRY_AFTER_HEADER, "3")];
+        let poster = echo_poster(&mock.base_url(), &throttle, RetryPolicy::default(), &waits);
+        let answer = poster
+            .post("{}".to_owned(), "key-1")
+            .await
+            .expect("an answer");
+        assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
+        assert_eq!(mock.counts().for_key("key-1"), 3);
+        // Retry-After (3 s) is above the backoff's bound (2 s): each wait is what it asked.
+        assert_eq!(waits_of(&waits), [Duration::from_secs(3); 2]);
+    }
+
+    #[tokio::test]
+    async fn a_503_past_its_attempts_is_the_outcome_and_a_400_is_final_at_once() {
+        let mock = mock().await;
+        let waits = Arc::new(Waits::default());
+        let retry = RetryPolicy {
+            attempts: 3,
+            ..RetryPolicy::default()
+        };
+        let throttle = [
+            (THROTTLE_HEADER, "10"),
+            (THROTTLE_STATUS_HEADER, "503"),
+            (THROTTLE_RETRY_AFTER_HEADER, "0"),
+        ];
+        let poster = echo_poster(&mock.base_url(), &throttle, retry, &waits);
+        let answer = poster
+            .post("{}".to_owned(), "key-2")
+            .await
+            .expect("the last answer");
+        assert_eq!(answer.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(
+            mock.counts().for_key("key-2"),
+            3,
+            "three attempts, then the last answer"
+        );
+        let waited = waits_of(&waits);
+        assert_eq!(waited.len(), 2);
+        assert!(
+            waited
+                .iter()
+                .all(|wait| *wait <= Duration::from_millis(200)),
+            "{waited:?}"
+        );
+
+        let refused = [(THROTTLE_HEADER, "1"), (THROTTLE_STATUS_HEADER, "400")];
+        let poster = echo_poster(&mock.base_url(), &refused, RetryPolicy::default(), &waits);
+        let answer = poster
+            .post("{}".to_owned(), "key-3")
+            .await
+            .expect("an answer");
+        assert_eq!(answer.status, StatusCode::BAD_REQUEST);
+        assert_eq!(
+            mock.counts().for_key("key-3"),
+            1,
+            "a 400 is not asked again"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_retry_after_past_the_deadline_ends_the_retries_at_once() {
+        let mock = mock().await;
+        let waits = Arc::new(Waits::default());
+        let retry = RetryPolicy {
+            deadline: Duration::from_secs(30),
+            ..RetryPolicy::default()
+        };
+        let throttle = [
+            (THROTTLE_HEADER, "5"),
+            (THROTTLE_RETRY_AFTER_HEADER, "3600"),
+        ];
+        let poster = echo_poster(&mock.base_url(), &throttle, retry, &waits);
+        let answer = poster
+            .post("{}".to_owned(), "key-4")
+            .await
+            .expect("the answer");
+        assert_eq!(answer.status, StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(mock.counts().for_key("key-4"), 1);
+        assert!(waits_of(&waits).is_empty(), "no wait past the deadline");
+    }
+
+    #[tokio::test]
+    async fn no_answer_after_the_attempts_leaves_the_remote_unavailable() {
+        // A port nothing listens on.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let base = format!("http://{}", listener.local_addr().expect("addr"));
+        drop(listener);
+        let waits = Arc::new(Waits::default());
+        let poster = echo_poster(&base, &[], RetryPolicy::default(), &waits);
+        let error = poster
+            .post("{}".to_owned(), "key-5")
+            .await
+            .expect_err("no answer");
+        assert!(
+            matches!(&error, FunctionError::Unavailable(message) if message.contains("after 4 attempts")),
+            "{error:?}"
+        );
+        assert_eq!(waits_of(&waits).len(), 3);
     }
 }
