@@ -1,7 +1,10 @@
 //! `kind = "openai-chat"`: an OpenAI-compatible chat-completions endpoint.
 //!
 //! Args are `{"messages": [...], "tools"?: [...], ...}` (any other chat-completions field
-//! passes through); the result is the assistant message (`choices[0].message`).
+//! passes through; `model` defaults to the function's). The result is the assistant message
+//! (`choices[0].message`: `role`, `content`, `tool_calls` when the model calls tools), with
+//! the choice's `finish_reason` and the answer's `usage` beside its fields when the endpoint
+//! gives them.
 
 use async_trait::async_trait;
 
@@ -60,16 +63,68 @@ impl Function for OpenAiChatFunction {
             )
             .await?;
         let response = json_result(self.poster.url(), answer)?;
-        match response.pointer("/choices/0/message") {
-            Some(message) => Ok(message.to_string()),
-            None => Err(FunctionError::Failed(format!(
-                "{} answered without choices[0].message: {response}",
+        let Some(serde_json::Value::Object(mut message)) =
+            response.pointer("/choices/0/message").cloned()
+        else {
+            return Err(FunctionError::Failed(format!(
+                "{} answered without an object at choices[0].message: {response}",
                 self.poster.url()
-            ))),
+            )));
+        };
+        for (field, at) in [
+            ("finish_reason", "/choices/0/finish_reason"),
+            ("usage", "/usage"),
+        ] {
+            if let Some(value) = response.pointer(at).filter(|value| !value.is_null()) {
+                message.insert(field.to_owned(), value.clone());
+            }
         }
+        Ok(serde_json::Value::Object(message).to_string())
     }
 
     fn endpoint(&self) -> Option<&str> {
         Some(self.poster.url())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::functions::{DEFAULT_MAX_RESPONSE_BYTES, RetryPolicy};
+
+    #[tokio::test]
+    async fn the_result_is_the_message_with_its_finish_reason_and_usage() {
+        let mock = rewind_mock::MockService::start("127.0.0.1:0".parse().expect("addr"))
+            .await
+            .expect("the mock starts");
+        let chat = OpenAiChatFunction::new(OpenAiChatConfig {
+            base_url: format!("{}/v1", mock.base_url()),
+            model: "gpt-test".to_owned(),
+            http: HttpConfig {
+                url: String::new(),
+                timeout: Duration::from_secs(10),
+                retry: RetryPolicy::default(),
+                headers: Vec::new(),
+                reconcile_url: None,
+                allowed_hosts: None,
+                max_response_bytes: DEFAULT_MAX_RESPONSE_BYTES,
+            },
+        });
+        let args = r#"{"messages": [{"role": "user", "content": "where is order A-1?"}]}"#;
+        let result = chat
+            .call(CallRequest {
+                function: "llm.chat",
+                args,
+                idempotency_key: "key-1",
+            })
+            .await
+            .expect("an answer");
+        let result: serde_json::Value = serde_json::from_str(&result).expect("JSON");
+        assert_eq!(result["role"], "assistant", "{result}");
+        assert!(result["content"].is_string(), "{result}");
+        assert_eq!(result["finish_reason"], "stop", "{result}");
+        assert!(result["usage"]["total_tokens"].is_u64(), "{result}");
     }
 }
