@@ -20,6 +20,11 @@ use crate::support::{guest, workspace_root};
 
 /// `charge`, POSTing to `url`.
 fn charge_at(url: &str) -> Arc<Functions> {
+    charge_with(url, Vec::new())
+}
+
+/// `charge`, POSTing to `url` with `headers`.
+fn charge_with(url: &str, headers: Vec<(String, String)>) -> Arc<Functions> {
     let mut functions = Functions::new();
     functions.register(
         "charge",
@@ -27,7 +32,7 @@ fn charge_at(url: &str) -> Arc<Functions> {
             url: url.to_owned(),
             timeout: Duration::from_secs(10),
             retry: RetryPolicy::default(),
-            headers: Vec::new(),
+            headers,
             reconcile_url: None,
             allowed_hosts: None,
             max_response_bytes: rewind_host::functions::DEFAULT_MAX_RESPONSE_BYTES,
@@ -35,6 +40,48 @@ fn charge_at(url: &str) -> Arc<Functions> {
         None,
     );
     Arc::new(functions)
+}
+
+/// A remote that answers 429 twice before it serves: three requests under the call's one
+/// key, and one recorded result, which a replay serves without a request.
+#[tokio::test]
+async fn a_call_refused_twice_with_429_is_three_requests_and_one_recorded_result() {
+    use rewind_host::store::CallOutcome;
+    use rewind_mock::{MockService, THROTTLE_HEADER, THROTTLE_RETRY_AFTER_HEADER};
+
+    let mock = MockService::start("127.0.0.1:0".parse().expect("addr"))
+        .await
+        .expect("the mock starts");
+    let throttle = vec![
+        (THROTTLE_HEADER.to_owned(), "2".to_owned()),
+        (THROTTLE_RETRY_AFTER_HEADER.to_owned(), "0".to_owned()),
+    ];
+    let functions = charge_with(&format!("{}/tools/charge", mock.base_url()), throttle);
+    let store: Arc<dyn ActionStateStore> = Arc::new(InMemoryStore::default());
+
+    let answers = charge(&store, &functions, new_state(), &[5]).await;
+    assert_eq!(answers[0]["echo"], json!({ "amount": 5 }), "{answers:?}");
+    let counts = mock.counts();
+    assert_eq!(counts.total, 3, "two refused, then served: {counts:?}");
+    assert_eq!(
+        counts.by_idempotency_key.len(),
+        1,
+        "under one key: {counts:?}"
+    );
+    let recorded = store.get(&state_key()).expect("recorded").calls;
+    assert_eq!(recorded.len(), 1);
+    assert!(
+        matches!(recorded[0].outcome, CallOutcome::Succeeded(_)),
+        "{recorded:?}"
+    );
+
+    let replayed = charge(&store, &functions, new_state(), &[5]).await;
+    assert_eq!(replayed, answers);
+    assert_eq!(
+        mock.counts().total,
+        3,
+        "the replay is served from the record"
+    );
 }
 
 fn state_key() -> StateKey {
