@@ -1,20 +1,36 @@
 //! `POST /v1/chat/completions`: an OpenAI-compatible chat endpoint with deterministic replies.
 
+use std::convert::Infallible;
+
 use axum::Json;
 use axum::body::Bytes;
+use axum::response::sse::{Event, Sse};
+use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use crate::CHAT_CREATED;
 use crate::error::{RequestError, parse_json};
 use crate::{fnv, intent};
 
 /// The part of an OpenAI chat-completions request the mock reads. Other fields (`tools`,
-/// `temperature`, `stream`, ...) are accepted and ignored.
+/// `temperature`, ...) are accepted and ignored.
 #[derive(Debug, Deserialize)]
 struct ChatRequest {
     model: String,
     messages: Vec<ChatMessage>,
+    /// Answer as server-sent events, a chunk at a time.
+    #[serde(default)]
+    stream: bool,
+    #[serde(default)]
+    stream_options: Option<StreamOptions>,
+}
+
+#[derive(Debug, Deserialize)]
+struct StreamOptions {
+    /// A last chunk with no choices and the usage.
+    #[serde(default)]
+    include_usage: bool,
 }
 
 #[derive(Debug, Deserialize)]
@@ -75,8 +91,18 @@ struct Usage {
 ///
 /// The reply, id included, depends only on the request, so a replayed call and the original
 /// get the same answer.
-pub(crate) async fn complete(body: Bytes) -> Result<Json<ChatCompletion>, RequestError> {
+///
+/// With `"stream": true` the same reply comes as server-sent events, as OpenAI sends them:
+/// chunks of `delta`s (the role, then the content in a few pieces), one with the
+/// `finish_reason`, one with the `usage` when `stream_options.include_usage` asks, then
+/// `[DONE]`.
+pub(crate) async fn complete(body: Bytes) -> Result<Response, RequestError> {
     let request: ChatRequest = parse_json(&body)?;
+    let streamed = request.stream;
+    let include_usage = request
+        .stream_options
+        .as_ref()
+        .is_some_and(|o| o.include_usage);
     let last_user = request
         .messages
         .iter()
@@ -113,7 +139,48 @@ pub(crate) async fn complete(body: Bytes) -> Result<Json<ChatCompletion>, Reques
             total_tokens: prompt_tokens + completion_tokens,
         },
     };
-    Ok(Json(completion))
+    if streamed {
+        return Ok(stream(completion, include_usage).into_response());
+    }
+    Ok(Json(completion).into_response())
+}
+
+/// `completion` as the chunks of a streamed answer.
+fn stream(
+    completion: ChatCompletion,
+    include_usage: bool,
+) -> Sse<impl futures_util::Stream<Item = Result<Event, Infallible>>> {
+    let [choice] = completion.choices;
+    let chunk = |choices: Value, usage: Option<&Usage>| {
+        let mut chunk = json!({
+            "id": completion.id,
+            "object": "chat.completion.chunk",
+            "created": completion.created,
+            "model": completion.model,
+            "choices": choices,
+        });
+        if let Some(usage) = usage {
+            chunk["usage"] = json!(usage);
+        }
+        chunk.to_string()
+    };
+    let delta = |delta: Value, finish: Option<&str>| json!([{ "index": 0, "delta": delta, "finish_reason": finish }]);
+    let mut data = vec![chunk(
+        delta(json!({ "role": "assistant", "content": "" }), None),
+        None,
+    )];
+    let content: Vec<char> = choice.message.content.chars().collect();
+    for piece in content.chunks(content.len().div_ceil(3).max(1)) {
+        let piece: String = piece.iter().collect();
+        data.push(chunk(delta(json!({ "content": piece }), None), None));
+    }
+    data.push(chunk(delta(json!({}), Some(choice.finish_reason)), None));
+    if include_usage {
+        data.push(chunk(json!([]), Some(&completion.usage)));
+    }
+    data.push("[DONE]".to_owned());
+    let events = data.into_iter().map(|data| Ok(Event::default().data(data)));
+    Sse::new(futures_util::stream::iter(events))
 }
 
 /// A stand-in for a tokenizer: whitespace-separated words.

@@ -20,7 +20,7 @@
 //!
 //! | route | what it answers |
 //! |---|---|
-//! | `POST /v1/chat/completions` | an OpenAI chat completion whose content is [`Intent::to_json`] of the last user message |
+//! | `POST /v1/chat/completions` | an OpenAI chat completion whose content is [`Intent::to_json`] of the last user message; with `"stream": true`, the same as server-sent chunks, then `[DONE]` |
 //! | `POST /tools/orders.lookup` | `{"order_id","status","eta_days"}` derived from the order id |
 //! | `POST /tools/enrich.company` | `{"domain","name","industry","employees"}` derived from the domain |
 //! | `POST /tools/enrich.person` | `{"email","name","company","title"}` derived from the address |

@@ -481,3 +481,45 @@ fn binary_prints_its_url_and_exits_cleanly_on_sigterm() {
     let counts: Counts = serde_json::from_str(summary).expect("summary is the counts as JSON");
     assert_eq!(counts.for_key("once"), 1);
 }
+
+#[tokio::test]
+async fn a_streamed_chat_reply_is_the_same_reply_in_chunks_then_done() {
+    let (mock, client) = start().await;
+    let mut request = chat_request("where is my order A-1?");
+    let (_, whole) = post(&client, &mock, "/v1/chat/completions", None, &request).await;
+    request["stream"] = json!(true);
+    request["stream_options"] = json!({ "include_usage": true });
+    let response = client
+        .post(format!("{}/v1/chat/completions", mock.base_url()))
+        .json(&request)
+        .send()
+        .await
+        .expect("request reaches the mock");
+    assert_eq!(response.status(), StatusCode::OK);
+    let content_type = response.headers()["content-type"].to_str().expect("text");
+    assert!(
+        content_type.starts_with("text/event-stream"),
+        "{content_type}"
+    );
+    let text = response.text().await.expect("the stream reads");
+    let data: Vec<&str> = text
+        .lines()
+        .filter_map(|line| line.strip_prefix("data: "))
+        .collect();
+    assert_eq!(data.last(), Some(&"[DONE]"), "{text}");
+    let chunks: Vec<Value> = data[..data.len() - 1]
+        .iter()
+        .map(|d| serde_json::from_str(d).expect("a chunk is JSON"))
+        .collect();
+    let content: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    assert_eq!(content, reply_content(&whole), "the same reply, in pieces");
+    assert!(chunks.len() >= 4, "role, pieces, finish, usage: {chunks:?}");
+    let finish = chunks
+        .iter()
+        .find_map(|c| c["choices"][0]["finish_reason"].as_str());
+    assert_eq!(finish, Some("stop"));
+    assert_eq!(chunks.last().expect("a chunk")["usage"], whole["usage"]);
+}

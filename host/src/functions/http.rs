@@ -113,8 +113,23 @@ impl fmt::Debug for HttpConfig {
 pub(super) struct Answer {
     pub status: StatusCode,
     pub body: String,
+    /// Its `Content-Type` header, when it had one.
+    pub content_type: Option<String>,
     /// Its `Retry-After` header, when it had one.
     retry_after: Option<String>,
+}
+
+#[cfg(test)]
+impl Answer {
+    /// A 200 answer of `body`, of `content_type`.
+    pub fn for_tests(body: String, content_type: &str) -> Self {
+        Self {
+            status: StatusCode::OK,
+            body,
+            content_type: Some(content_type.to_owned()),
+            retry_after: None,
+        }
+    }
 }
 
 /// The part shared by every function that speaks JSON over HTTP.
@@ -258,13 +273,18 @@ impl JsonPoster {
         match request.send().await {
             Ok(response) => {
                 let status = response.status();
-                let retry_after = (response.headers().get(reqwest::header::RETRY_AFTER))
-                    .and_then(|value| value.to_str().ok())
-                    .map(str::to_owned);
+                let header = |name| {
+                    (response.headers().get(name))
+                        .and_then(|value| value.to_str().ok())
+                        .map(str::to_owned)
+                };
+                let retry_after = header(reqwest::header::RETRY_AFTER);
+                let content_type = header(reqwest::header::CONTENT_TYPE);
                 match read_body(response, self.config.max_response_bytes).await {
                     Ok(Body::Read(body)) => Ok(Ok(Answer {
                         status,
                         body,
+                        content_type,
                         retry_after,
                     })),
                     // Asked again, it would be as large: the call failed.

@@ -1,14 +1,19 @@
 //! `kind = "openai-chat"`: an OpenAI-compatible chat-completions endpoint.
 //!
 //! Args are `{"messages": [...], "tools"?: [...], ...}` (any other chat-completions field
-//! passes through; `model` defaults to the function's). The result is the assistant message
-//! (`choices[0].message`: `role`, `content`, `tool_calls` when the model calls tools), with
-//! the choice's `finish_reason` and the answer's `usage` beside its fields when the endpoint
-//! gives them.
+//! passes through; `model` defaults to the function's). The answer is asked for streamed
+//! (`"stream": true`, with the usage), and its server-sent chunks are put together into the
+//! one result recorded: the assistant message (`role`, `content`, `tool_calls` when the
+//! model calls tools, their arguments joined from their pieces), with the choice's
+//! `finish_reason` and the answer's `usage` beside its fields when the endpoint gives them.
+//! An endpoint that answers with one JSON completion instead is read as such.
 
 use async_trait::async_trait;
+use eventsource_stream::Eventsource as _;
+use futures_util::StreamExt as _;
+use serde_json::{Map, Value, json};
 
-use super::http::{HttpConfig, JsonPoster, json_result};
+use super::http::{Answer, HttpConfig, JsonPoster, json_result};
 use super::{CallRequest, Function, FunctionError};
 
 /// Where and how to reach the chat endpoint.
@@ -41,12 +46,8 @@ impl OpenAiChatFunction {
 #[async_trait]
 impl Function for OpenAiChatFunction {
     async fn call(&self, request: CallRequest<'_>) -> Result<String, FunctionError> {
-        let mut body = match serde_json::from_str::<serde_json::Value>(request.args) {
-            Ok(serde_json::Value::Object(body))
-                if body.get("messages").is_some_and(|m| m.is_array()) =>
-            {
-                body
-            }
+        let mut body = match serde_json::from_str::<Value>(request.args) {
+            Ok(Value::Object(body)) if body.get("messages").is_some_and(|m| m.is_array()) => body,
             _ => {
                 return Err(FunctionError::Failed(
                     "openai-chat args must be an object with a `messages` array".to_owned(),
@@ -54,17 +55,31 @@ impl Function for OpenAiChatFunction {
             }
         };
         body.entry("model")
-            .or_insert_with(|| serde_json::Value::String(self.model.clone()));
+            .or_insert_with(|| Value::String(self.model.clone()));
+        body.insert("stream".to_owned(), Value::Bool(true));
+        let options = body.entry("stream_options").or_insert_with(|| json!({}));
+        if let Value::Object(options) = options {
+            options.insert("include_usage".to_owned(), Value::Bool(true));
+        }
         let answer = self
             .poster
-            .post(
-                serde_json::Value::Object(body).to_string(),
-                request.idempotency_key,
-            )
+            .post(Value::Object(body).to_string(), request.idempotency_key)
             .await?;
+        // By its type, or by its first field when something between lost the type (a
+        // proxy; `rewind test`'s simulator): a JSON completion starts with `{`.
+        let streamed = answer.status.is_success()
+            && ((answer.content_type.as_deref())
+                .is_some_and(|t| t.starts_with("text/event-stream"))
+                || ["data:", "event:", "id:", ":"]
+                    .iter()
+                    .any(|field| answer.body.trim_start().starts_with(field)));
+        if streamed {
+            return assemble(self.poster.url(), answer)
+                .await
+                .map(|m| m.to_string());
+        }
         let response = json_result(self.poster.url(), answer)?;
-        let Some(serde_json::Value::Object(mut message)) =
-            response.pointer("/choices/0/message").cloned()
+        let Some(Value::Object(mut message)) = response.pointer("/choices/0/message").cloned()
         else {
             return Err(FunctionError::Failed(format!(
                 "{} answered without an object at choices[0].message: {response}",
@@ -79,12 +94,128 @@ impl Function for OpenAiChatFunction {
                 message.insert(field.to_owned(), value.clone());
             }
         }
-        Ok(serde_json::Value::Object(message).to_string())
+        Ok(Value::Object(message).to_string())
     }
 
     fn endpoint(&self) -> Option<&str> {
         Some(self.poster.url())
     }
+}
+
+/// The message a streamed answer's chunks make up, as the result of a call.
+async fn assemble(url: &str, answer: Answer) -> Result<Value, FunctionError> {
+    let failed = |message: String| FunctionError::Failed(format!("{url}: {message}"));
+    let mut events =
+        futures_util::stream::iter([Ok::<_, std::convert::Infallible>(answer.body.into_bytes())])
+            .eventsource();
+    let mut message = Map::new();
+    let mut content: Option<String> = None;
+    let mut tool_calls: Vec<Value> = Vec::new();
+    let (mut finish_reason, mut usage) = (Value::Null, Value::Null);
+    let mut done = false;
+    let mut chunks = 0usize;
+    while let Some(event) = events.next().await {
+        let event =
+            event.map_err(|e| failed(format!("a streamed answer that does not read: {e}")))?;
+        if event.data.trim() == "[DONE]" {
+            done = true;
+            break;
+        }
+        chunks += 1;
+        let chunk: Value = serde_json::from_str(&event.data).map_err(|e| {
+            failed(format!(
+                "chunk {chunks} of the streamed answer is not JSON: {e}"
+            ))
+        })?;
+        if let Some(error) = chunk.get("error") {
+            return Err(failed(format!("the stream ended with an error: {error}")));
+        }
+        if let Some(given) = chunk.get("usage").filter(|u| !u.is_null()) {
+            usage = given.clone();
+        }
+        let choices = chunk.get("choices").and_then(Value::as_array);
+        let Some(choice) = choices.and_then(|c| c.iter().find(|c| c["index"] == 0)) else {
+            continue;
+        };
+        if let Some(reason) = choice.get("finish_reason").filter(|r| !r.is_null()) {
+            finish_reason = reason.clone();
+        }
+        let delta = &choice["delta"];
+        if let Some(role) = delta.get("role").filter(|r| r.is_string()) {
+            message.insert("role".to_owned(), role.clone());
+        }
+        if let Some(piece) = delta.get("content").and_then(Value::as_str) {
+            content.get_or_insert_with(String::new).push_str(piece);
+        }
+        for call in delta
+            .get("tool_calls")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            join_tool_call(&mut tool_calls, call).map_err(failed)?;
+        }
+    }
+    if !done {
+        return Err(failed(format!(
+            "the streamed answer ended after {chunks} chunks without [DONE]"
+        )));
+    }
+    message
+        .entry("role")
+        .or_insert_with(|| Value::String("assistant".to_owned()));
+    message.insert(
+        "content".to_owned(),
+        content.map_or(Value::Null, Value::String),
+    );
+    if !tool_calls.is_empty() {
+        message.insert("tool_calls".to_owned(), Value::Array(tool_calls));
+    }
+    for (field, value) in [("finish_reason", finish_reason), ("usage", usage)] {
+        if !value.is_null() {
+            message.insert(field.to_owned(), value);
+        }
+    }
+    Ok(Value::Object(message))
+}
+
+/// Tool calls one answer may make: a remote's `index` beyond it is refused, not allocated.
+const MAX_TOOL_CALLS: usize = 128;
+
+/// Adds a streamed piece of a tool call to the calls so far: the first piece of a call (by
+/// its `index`) gives its `id`, `type` and function `name`; its `arguments` come in pieces.
+fn join_tool_call(calls: &mut Vec<Value>, piece: &Value) -> Result<(), String> {
+    let index = match piece["index"].as_u64() {
+        None => calls.len(),
+        Some(index) => usize::try_from(index).unwrap_or(usize::MAX),
+    };
+    if index >= MAX_TOOL_CALLS {
+        return Err(format!(
+            "a streamed tool call at index {index}: an answer makes at most {MAX_TOOL_CALLS}"
+        ));
+    }
+    while calls.len() <= index {
+        calls.push(json!({ "id": null, "type": "function", "function": { "name": null, "arguments": "" } }));
+    }
+    let call = &mut calls[index];
+    for field in ["id", "type"] {
+        if let Some(value) = piece.get(field).filter(|v| !v.is_null()) {
+            call[field] = value.clone();
+        }
+    }
+    let function = &piece["function"];
+    if let Some(name) = function.get("name").filter(|n| !n.is_null()) {
+        call["function"]["name"] = name.clone();
+    }
+    if let Some(more) = function.get("arguments").and_then(Value::as_str) {
+        let mut arguments = call["function"]["arguments"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        arguments.push_str(more);
+        call["function"]["arguments"] = Value::String(arguments);
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -121,10 +252,63 @@ mod tests {
             })
             .await
             .expect("an answer");
-        let result: serde_json::Value = serde_json::from_str(&result).expect("JSON");
+        let result: Value = serde_json::from_str(&result).expect("JSON");
         assert_eq!(result["role"], "assistant", "{result}");
         assert!(result["content"].is_string(), "{result}");
         assert_eq!(result["finish_reason"], "stop", "{result}");
         assert!(result["usage"]["total_tokens"].is_u64(), "{result}");
+    }
+
+    #[tokio::test]
+    async fn streamed_tool_calls_are_joined_from_their_pieces() {
+        let chunk = |delta: Value, finish: Value| {
+            format!(
+                "data: {}\n\n",
+                json!({ "choices": [{ "index": 0, "delta": delta, "finish_reason": finish }] })
+            )
+        };
+        let body = [
+            chunk(json!({ "role": "assistant", "content": null }), Value::Null),
+            chunk(
+                json!({ "tool_calls": [{ "index": 0, "id": "call_1", "type": "function",
+                    "function": { "name": "lookup", "arguments": "{\"order" } }] }),
+                Value::Null,
+            ),
+            chunk(
+                json!({ "tool_calls": [{ "index": 0, "function": { "arguments": "_id\": \"A-1\"}" } }] }),
+                Value::Null,
+            ),
+            chunk(json!({}), json!("tool_calls")),
+            format!("data: {}\n\n", json!({ "choices": [], "usage": { "total_tokens": 9 } })),
+            "data: [DONE]\n\n".to_owned(),
+        ]
+        .concat();
+        let answer = Answer::for_tests(body, "text/event-stream");
+        let message = assemble("http://model", answer).await.expect("assembled");
+        assert_eq!(
+            message,
+            json!({
+                "role": "assistant",
+                "content": null,
+                "tool_calls": [{ "id": "call_1", "type": "function",
+                    "function": { "name": "lookup", "arguments": "{\"order_id\": \"A-1\"}" } }],
+                "finish_reason": "tool_calls",
+                "usage": { "total_tokens": 9 },
+            })
+        );
+        let far = chunk(
+            json!({ "tool_calls": [{ "index": 1_000_000_000u64, "function": { "name": "x" } }] }),
+            Value::Null,
+        );
+        let error = assemble("http://model", Answer::for_tests(far, "text/event-stream"))
+            .await
+            .expect_err("an index past the bound");
+        assert!(error.to_string().contains("at most 128"), "{error}");
+        let cut = Answer::for_tests(
+            chunk(json!({ "content": "Hel" }), Value::Null),
+            "text/event-stream",
+        );
+        let error = assemble("http://model", cut).await.expect_err("no [DONE]");
+        assert!(error.to_string().contains("without [DONE]"), "{error}");
     }
 }
