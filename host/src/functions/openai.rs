@@ -157,8 +157,9 @@ async fn assemble(url: &str, answer: Answer) -> Result<Value, FunctionError> {
         }
     }
     if !done {
-        return Err(failed(format!(
-            "the streamed answer ended after {chunks} chunks without [DONE]"
+        // Cut short: nothing is recorded, and the call is made again under its key.
+        return Err(FunctionError::Unavailable(format!(
+            "{url}: the streamed answer ended after {chunks} chunks without [DONE]"
         )));
     }
     message
@@ -309,6 +310,9 @@ mod tests {
             "text/event-stream",
         );
         let error = assemble("http://model", cut).await.expect_err("no [DONE]");
-        assert!(error.to_string().contains("without [DONE]"), "{error}");
+        assert!(
+            matches!(&error, FunctionError::Unavailable(m) if m.contains("without [DONE]")),
+            "not recorded, made again: {error:?}"
+        );
     }
 }
