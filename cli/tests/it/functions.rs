@@ -224,6 +224,30 @@ async fn http_times_out_and_records_nothing() {
     );
 }
 
+/// A run's `timeout-ms` does not count its time inside durable calls: a call that takes 2 s
+/// (bounded by its own timeout) completes a run whose limit is 500 ms.
+#[tokio::test]
+async fn a_call_longer_than_the_runs_timeout_is_not_the_runs_time() {
+    let (addr, _seen) = serve().await;
+    let tables = format!(
+        "[limits]\ntimeout-ms = 500\n{}",
+        http_function(addr, "slow", "timeout-ms = 10_000\nretries = 0")
+    );
+    let toml = agent_toml("caller", "", &tables);
+    let store = memory_store();
+    let agent = agent_with(&toml, store.clone(), &[]);
+    let report = agent
+        .process(&input("k", 1, call_tool(json!({}))), &Default::default())
+        .await;
+    assert!(report.error.is_none(), "{:?}", report.error);
+    let recorded = store.states(&KeyScope::new("default", "test", "k"));
+    assert_eq!(recorded.len(), 1);
+    assert!(
+        matches!(&recorded[0].calls[0].outcome, CallOutcome::Succeeded(result) if result.contains("late")),
+        "{recorded:?}"
+    );
+}
+
 #[tokio::test]
 async fn http_non_2xx_is_a_recorded_failure_with_status_and_body() {
     let (addr, seen) = serve().await;

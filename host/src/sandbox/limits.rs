@@ -14,8 +14,8 @@ pub struct Limits {
     /// CPU budget of one run, in wasmtime fuel units (about one per wasm instruction).
     /// Default 2,000,000,000.
     pub fuel: u64,
-    /// Wall-clock time one run may take, durable calls included, in milliseconds.
-    /// Default 30,000.
+    /// Wall-clock time one run may take outside its durable calls, in milliseconds (each
+    /// call is bounded by its function's own timeout and retries). Default 30,000.
     pub timeout_ms: u64,
     /// Durable calls one run may make, replayed ones included. Default 64.
     pub calls_per_run: u32,

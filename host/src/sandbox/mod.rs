@@ -7,6 +7,7 @@ mod check;
 mod imports;
 mod limits;
 mod run;
+mod running;
 mod wasi;
 
 use std::fmt;

@@ -16,6 +16,8 @@ use crate::event::Event;
 use crate::store::{MemoryWrite, StoreError};
 use crate::text;
 
+use super::running::RunningTime;
+
 /// Fuel a guest may burn between yields to the async executor, so that a CPU-bound guest
 /// cannot hold a worker thread past its timeout.
 const FUEL_PER_YIELD: u64 = 1_000_000;
@@ -119,6 +121,8 @@ pub(crate) struct RunState {
     pub(super) memory: Arc<BTreeMap<String, String>>,
     pub(super) writes: Vec<MemoryWrite>,
     pub(super) sent: Vec<Event>,
+    /// What `timeout-ms` bounds: the run's time outside its durable calls.
+    pub(super) running: Arc<RunningTime>,
 }
 
 impl WasiView for RunState {
@@ -145,6 +149,7 @@ pub(super) async fn run(engine: &Engine, pre: &ActionPre<RunState>, input: RunIn
         durable,
         limits,
     } = input;
+    let running = RunningTime::start();
     let mut store = Store::new(
         engine,
         RunState {
@@ -158,6 +163,7 @@ pub(super) async fn run(engine: &Engine, pre: &ActionPre<RunState>, input: RunIn
             memory,
             writes: Vec::new(),
             sent: Vec::new(),
+            running: Arc::clone(&running),
         },
     );
     store.limiter(|state| &mut state.ceiling);
@@ -177,7 +183,7 @@ pub(super) async fn run(engine: &Engine, pre: &ActionPre<RunState>, input: RunIn
         kind: event.kind,
         payload: event.payload,
     };
-    let outcome = tokio::time::timeout(limits.timeout(), async {
+    let run = async {
         let action = match pre.instantiate_async(&mut store).await {
             Ok(action) => action,
             Err(e) => return Err((e, true)),
@@ -186,11 +192,14 @@ pub(super) async fn run(engine: &Engine, pre: &ActionPre<RunState>, input: RunIn
             .call_run(&mut store, &guest_event)
             .await
             .map_err(|e| (e, false))
-    })
-    .await;
+    };
+    let outcome = tokio::select! {
+        outcome = run => Ok(outcome),
+        () = running.reached(limits.timeout()) => Err(()),
+    };
 
     let result = match outcome {
-        Err(_elapsed) => {
+        Err(()) => {
             let labels = &store.data().labels;
             tracing::warn!(agent = %labels.agent, key = %labels.key, sequence = labels.sequence,
                 action = %labels.action, "run stopped at its timeout");

@@ -11,7 +11,11 @@ impl Host for RunState {
         function: String,
         args: String,
     ) -> wasmtime::Result<Result<String, types::CallError>> {
-        match self.durable.call(&function, &args).await {
+        // The call's time is not the run's: `timeout-ms` does not count it.
+        let in_call = self.running.in_call();
+        let called = self.durable.call(&function, &args).await;
+        drop(in_call);
+        match called {
             Ok(Ok(result)) => Ok(Ok(result)),
             Ok(Err(error)) => Ok(Err(match error {
                 CallError::Failed(m) => types::CallError::Failed(m),
