@@ -36,7 +36,9 @@
 //! counted request with [`THROTTLE_HEADER`]` : N` is answered `429 Too Many Requests` (or the
 //! status [`THROTTLE_STATUS_HEADER`] names) with `Retry-After: 1` (or what
 //! [`THROTTLE_RETRY_AFTER_HEADER`] says) when it is one of the first N calls of its
-//! `Idempotency-Key`; the calls after them are served. Refused calls are counted.
+//! `Idempotency-Key`; the calls after them are served. Refused calls are counted. A
+//! request with [`DELAY_HEADER`]` : MS` is answered that many milliseconds late (at most
+//! [`MAX_DELAY_MS`]), as a slow model is.
 
 mod chat;
 mod counts;
@@ -56,6 +58,12 @@ pub use server::{MockHandle, MockService, router};
 /// Calls are counted per distinct value of this header; a call without it is counted in
 /// [`Counts::without_key`].
 pub const IDEMPOTENCY_KEY_HEADER: &str = "idempotency-key";
+
+/// `x-mock-delay-ms: MS`: the answer comes that many milliseconds late.
+pub const DELAY_HEADER: &str = "x-mock-delay-ms";
+
+/// The longest delay [`DELAY_HEADER`] asks for that the mock honours: 10 minutes.
+pub const MAX_DELAY_MS: u64 = 600_000;
 
 /// `x-mock-throttle: N`: the first N calls of the request's idempotency key are refused.
 pub const THROTTLE_HEADER: &str = "x-mock-throttle";

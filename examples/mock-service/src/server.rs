@@ -17,8 +17,8 @@ use tokio::task::JoinHandle;
 
 use crate::counts::{Counts, MockState};
 use crate::{
-    IDEMPOTENCY_KEY_HEADER, THROTTLE_HEADER, THROTTLE_RETRY_AFTER_HEADER, THROTTLE_STATUS_HEADER,
-    chat, tools,
+    DELAY_HEADER, IDEMPOTENCY_KEY_HEADER, MAX_DELAY_MS, THROTTLE_HEADER,
+    THROTTLE_RETRY_AFTER_HEADER, THROTTLE_STATUS_HEADER, chat, tools,
 };
 
 /// The mock's routes (see the crate documentation), serving and counting into `state`.
@@ -56,6 +56,12 @@ async fn count_call(State(state): State<MockState>, request: Request, next: Next
         let calls = state.record(route, key.as_deref(), authorized);
         if let Some(refused) = throttled(headers, calls) {
             return refused;
+        }
+        let delay = (headers.get(DELAY_HEADER))
+            .and_then(|value| value.to_str().ok())
+            .and_then(|value| value.trim().parse::<u64>().ok());
+        if let Some(delay) = delay {
+            tokio::time::sleep(std::time::Duration::from_millis(delay.min(MAX_DELAY_MS))).await;
         }
     }
     next.run(request).await

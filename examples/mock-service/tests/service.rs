@@ -523,3 +523,18 @@ async fn a_streamed_chat_reply_is_the_same_reply_in_chunks_then_done() {
     assert_eq!(finish, Some("stop"));
     assert_eq!(chunks.last().expect("a chunk")["usage"], whole["usage"]);
 }
+
+#[tokio::test]
+async fn a_call_asking_for_a_delay_is_answered_that_late() {
+    let (mock, client) = start().await;
+    let started = std::time::Instant::now();
+    let response = client
+        .post(format!("{}/tools/echo", mock.base_url()))
+        .header(rewind_mock::DELAY_HEADER, "300")
+        .json(&json!({}))
+        .send()
+        .await
+        .expect("request reaches the mock");
+    assert_eq!(response.status(), StatusCode::OK);
+    assert!(started.elapsed() >= std::time::Duration::from_millis(300));
+}
