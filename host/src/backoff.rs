@@ -35,16 +35,23 @@ impl Backoff {
     }
 }
 
+/// The longest wait a `Retry-After` is taken to ask for: a day. A remote's value is
+/// outside input; a longer one is read as this (and ends retries at any deadline below it).
+pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(24 * 60 * 60);
+
 /// A `Retry-After` header's value as a wait from `now`: delay-seconds (`120`) or an
-/// HTTP-date (`Wed, 21 Oct 2026 07:28:00 GMT`; a date already past is no wait). `None` when
-/// it is neither.
+/// HTTP-date (`Wed, 21 Oct 2026 07:28:00 GMT`; a date already past is no wait), at most
+/// [`MAX_RETRY_AFTER`]. `None` when it is neither.
 pub fn retry_after(value: &str, now: SystemTime) -> Option<Duration> {
     let value = value.trim();
-    if let Ok(seconds) = value.parse::<u64>() {
-        return Some(Duration::from_secs(seconds));
-    }
-    let at = httpdate::parse_http_date(value).ok()?;
-    Some(at.duration_since(now).unwrap_or(Duration::ZERO))
+    let wait = match value.parse::<u64>() {
+        Ok(seconds) => Duration::from_secs(seconds),
+        Err(_) => {
+            let at = httpdate::parse_http_date(value).ok()?;
+            at.duration_since(now).unwrap_or(Duration::ZERO)
+        }
+    };
+    Some(wait.min(MAX_RETRY_AFTER))
 }
 
 #[cfg(test)]
@@ -97,6 +104,7 @@ mod tests {
             Some(Duration::from_secs(30))
         );
         assert_eq!(after("Wed, 21 Oct 2026 07:00:00 GMT"), Some(Duration::ZERO));
+        assert_eq!(after("18446744073709551615"), Some(MAX_RETRY_AFTER));
         assert_eq!(after("soon"), None);
         assert_eq!(after("-5"), None);
     }

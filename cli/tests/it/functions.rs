@@ -391,7 +391,7 @@ async fn a_chat_answer_longer_than_max_response_bytes_is_a_recorded_failure() {
     );
     let failure = recorded_failure(&toml, &seen, "chat").await;
     assert!(
-        failure.ends_with("response larger than 32768 bytes"),
+        failure.ends_with("message is larger than 32768 bytes"),
         "{failure}"
     );
 }

@@ -228,7 +228,7 @@ impl JsonPoster {
             let wait = retry.backoff.delay(attempt).max(asked.unwrap_or_default());
             let over = if attempt >= retry.attempts {
                 Some(format!("after {attempt} attempts"))
-            } else if started.elapsed() + wait > retry.deadline {
+            } else if wait > retry.deadline.saturating_sub(started.elapsed()) {
                 Some(format!(
                     "after {attempt} attempts: the next, in {wait:?}, would start past the \
                      {:?} deadline",
@@ -419,8 +419,9 @@ impl Function for HttpFunction {
         if answer.status == StatusCode::NOT_FOUND {
             return Ok(Reconciled::NotRun);
         }
-        // Unlike a call's, a reconcile's last 5xx says nothing about the call: ask again later.
-        if answer.status.is_server_error() {
+        // Unlike a call's, a reconcile's last 5xx (or 408, 409, 429) says nothing about the
+        // call: ask again later.
+        if retryable(answer.status) {
             return Err(FunctionError::Unavailable(format!(
                 "GET {url} answered {}",
                 answer.status
@@ -574,6 +575,18 @@ mod tests {
         assert_eq!(answer.status, StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(mock.counts().for_key("key-4"), 1);
         assert!(waits_of(&waits).is_empty(), "no wait past the deadline");
+        // A remote's Retry-After is outside input: the largest number is a day, not a panic.
+        let huge = [
+            (THROTTLE_HEADER, "5"),
+            (THROTTLE_RETRY_AFTER_HEADER, "18446744073709551615"),
+        ];
+        let poster = echo_poster(&mock.base_url(), &huge, retry, &waits);
+        let answer = poster
+            .post("{}".to_owned(), "key-6")
+            .await
+            .expect("the answer");
+        assert_eq!(answer.status, StatusCode::TOO_MANY_REQUESTS);
+        assert!(waits_of(&waits).is_empty());
     }
 
     #[tokio::test]

@@ -26,20 +26,45 @@ pub struct OpenAiChatConfig {
     pub http: HttpConfig,
 }
 
+/// How many times the bytes of the message it carries a streamed answer may take (each
+/// chunk wraps a few characters in an envelope of about 200 bytes): with the default cap,
+/// 64 MiB read for a message of up to about a million characters. The answer is read whole
+/// before it is put together.
+const STREAM_OVERHEAD: usize = 16;
+
 #[derive(Clone, Debug)]
 pub struct OpenAiChatFunction {
     poster: JsonPoster,
     model: String,
+    /// The largest result (the message put together): the config's `max_response_bytes`.
+    /// The answer as sent may take [`STREAM_OVERHEAD`] times as many bytes.
+    max_message_bytes: usize,
 }
 
 impl OpenAiChatFunction {
     pub fn new(config: OpenAiChatConfig) -> Self {
         let mut http = config.http;
         http.url = format!("{}/chat/completions", config.base_url.trim_end_matches('/'));
+        let max_message_bytes = http.max_response_bytes;
+        http.max_response_bytes = max_message_bytes.saturating_mul(STREAM_OVERHEAD);
         Self {
             poster: JsonPoster::new(http),
             model: config.model,
+            max_message_bytes,
         }
+    }
+
+    /// `message` as the call's result, unless it is larger than the cap.
+    fn result(&self, message: &Value) -> Result<String, FunctionError> {
+        let text = message.to_string();
+        if text.len() > self.max_message_bytes {
+            return Err(FunctionError::Failed(format!(
+                "{}: the answer's message is larger than {} bytes",
+                self.poster.url(),
+                self.max_message_bytes
+            )));
+        }
+        Ok(text)
     }
 }
 
@@ -94,7 +119,7 @@ impl Function for OpenAiChatFunction {
                 message.insert(field.to_owned(), value.clone());
             }
         }
-        Ok(Value::Object(message).to_string())
+        self.result(&Value::Object(message))
     }
 
     fn endpoint(&self) -> Option<&str> {
@@ -128,13 +153,20 @@ async fn assemble(url: &str, answer: Answer) -> Result<Value, FunctionError> {
             ))
         })?;
         if let Some(error) = chunk.get("error") {
-            return Err(failed(format!("the stream ended with an error: {error}")));
+            // Most often passing (overloaded): nothing is recorded, the call is made again.
+            return Err(FunctionError::Unavailable(format!(
+                "{url}: the streamed answer ended with an error: {error}"
+            )));
         }
         if let Some(given) = chunk.get("usage").filter(|u| !u.is_null()) {
             usage = given.clone();
         }
         let choices = chunk.get("choices").and_then(Value::as_array);
-        let Some(choice) = choices.and_then(|c| c.iter().find(|c| c["index"] == 0)) else {
+        // The first choice: `index` 0, or the first listed when the endpoint leaves it out.
+        let Some(choice) = choices.and_then(|c| {
+            c.iter()
+                .find(|c| c.get("index").is_none_or(|index| *index == 0))
+        }) else {
             continue;
         };
         if let Some(reason) = choice.get("finish_reason").filter(|r| !r.is_null()) {
@@ -146,6 +178,21 @@ async fn assemble(url: &str, answer: Answer) -> Result<Value, FunctionError> {
         }
         if let Some(piece) = delta.get("content").and_then(Value::as_str) {
             content.get_or_insert_with(String::new).push_str(piece);
+        }
+        // Any other text the message streams (`refusal`, `reasoning_content`, …) is joined
+        // as its content is.
+        for (field, piece) in delta.as_object().into_iter().flatten() {
+            if let (false, Some(piece)) = (
+                ["role", "content", "tool_calls"].contains(&field.as_str()),
+                piece.as_str(),
+            ) {
+                let joined = message
+                    .entry(field.clone())
+                    .or_insert_with(|| Value::String(String::new()));
+                if let Value::String(joined) = joined {
+                    joined.push_str(piece);
+                }
+            }
         }
         for call in delta
             .get("tool_calls")
@@ -208,13 +255,10 @@ fn join_tool_call(calls: &mut Vec<Value>, piece: &Value) -> Result<(), String> {
     if let Some(name) = function.get("name").filter(|n| !n.is_null()) {
         call["function"]["name"] = name.clone();
     }
-    if let Some(more) = function.get("arguments").and_then(Value::as_str) {
-        let mut arguments = call["function"]["arguments"]
-            .as_str()
-            .unwrap_or_default()
-            .to_owned();
+    if let Some(more) = function.get("arguments").and_then(Value::as_str)
+        && let Value::String(arguments) = &mut call["function"]["arguments"]
+    {
         arguments.push_str(more);
-        call["function"]["arguments"] = Value::String(arguments);
     }
     Ok(())
 }
@@ -305,6 +349,39 @@ mod tests {
             .await
             .expect_err("an index past the bound");
         assert!(error.to_string().contains("at most 128"), "{error}");
+        // The first choice when the endpoint leaves `index` out; a refusal joined like the
+        // content; an error in the stream leaves the remote unavailable (nothing recorded).
+        let unindexed = [
+            format!(
+                "data: {}\n\n",
+                json!({ "choices": [{ "delta": { "refusal": "I can" } }] })
+            ),
+            format!(
+                "data: {}\n\n",
+                json!({ "choices": [{ "delta": { "refusal": "not." }, "finish_reason": "stop" }] })
+            ),
+            "data: [DONE]\n\n".to_owned(),
+        ]
+        .concat();
+        let message = assemble(
+            "http://model",
+            Answer::for_tests(unindexed, "text/event-stream"),
+        )
+        .await
+        .expect("assembled");
+        assert_eq!(message["refusal"], "I cannot.", "{message}");
+        assert_eq!(message["finish_reason"], "stop", "{message}");
+        let failing = format!(
+            "data: {}\n\n",
+            json!({ "error": { "message": "overloaded" } })
+        );
+        let error = assemble(
+            "http://model",
+            Answer::for_tests(failing, "text/event-stream"),
+        )
+        .await
+        .expect_err("an error in the stream");
+        assert!(matches!(error, FunctionError::Unavailable(_)), "{error:?}");
         let cut = Answer::for_tests(
             chunk(json!({ "content": "Hel" }), Value::Null),
             "text/event-stream",
