@@ -200,10 +200,14 @@ pub struct FunctionRetryConfig {
     /// The bound on any backoff wait, in milliseconds (a `Retry-After` may ask for more).
     /// Default 2,000.
     pub max_ms: u64,
-    /// No request starts later than this after the first, in milliseconds: a wait that
-    /// would end past it ends the retries. Default 60,000.
+    /// No request starts later than this after the first, in milliseconds: a backoff wait
+    /// is cut to the time left, and a `Retry-After` that would end past it ends the retries.
+    /// Default 60,000; at most a day.
     pub deadline_ms: u64,
 }
+
+/// The longest `retry.deadline-ms`: a day.
+pub const MAX_RETRY_DEADLINE_MS: u64 = 24 * 60 * 60 * 1000;
 
 impl Default for FunctionRetryConfig {
     fn default() -> Self {
@@ -431,6 +435,12 @@ impl FunctionConfig {
             if retry.attempts == 0 {
                 return Err("`retry.attempts` is 0: it counts the first request too".to_owned());
             }
+            if retry.deadline_ms > MAX_RETRY_DEADLINE_MS {
+                return Err(format!(
+                    "`retry.deadline-ms` ({}) is above a day ({MAX_RETRY_DEADLINE_MS})",
+                    retry.deadline_ms
+                ));
+            }
             if retry.initial_ms > retry.max_ms {
                 return Err(format!(
                     "`retry.initial-ms` ({}) is above `retry.max-ms` ({})",
@@ -503,6 +513,7 @@ on = ["input"]
             ("retries = 1\nretry = { attempts = 2 }\n", "both say"),
             ("retry = { attempts = 0 }\n", "`retry.attempts` is 0"),
             ("retry = { initial-ms = 5000 }\n", "above `retry.max-ms`"),
+            ("retry = { deadline-ms = 90_000_000 }\n", "above a day"),
             ("retry = { tries = 3 }\n", "tries"),
         ] {
             let error = parse(&format!("{MINIMAL}\n{http}{extra}")).expect_err(extra);

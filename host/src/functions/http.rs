@@ -225,10 +225,13 @@ impl JsonPoster {
                 }
                 _ => None,
             };
-            let wait = retry.backoff.delay(attempt).max(asked.unwrap_or_default());
+            // The backoff's own wait is cut to the time left; a Retry-After is not.
+            let left = retry.deadline.saturating_sub(started.elapsed());
+            let asked = asked.unwrap_or_default();
+            let wait = retry.backoff.delay(attempt).min(left).max(asked);
             let over = if attempt >= retry.attempts {
                 Some(format!("after {attempt} attempts"))
-            } else if wait > retry.deadline.saturating_sub(started.elapsed()) {
+            } else if wait > left || left.is_zero() {
                 Some(format!(
                     "after {attempt} attempts: the next, in {wait:?}, would start past the \
                      {:?} deadline",
