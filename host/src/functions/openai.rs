@@ -275,19 +275,7 @@ mod tests {
         let mock = rewind_mock::MockService::start("127.0.0.1:0".parse().expect("addr"))
             .await
             .expect("the mock starts");
-        let chat = OpenAiChatFunction::new(OpenAiChatConfig {
-            base_url: format!("{}/v1", mock.base_url()),
-            model: "gpt-test".to_owned(),
-            http: HttpConfig {
-                url: String::new(),
-                timeout: Duration::from_secs(10),
-                retry: RetryPolicy::default(),
-                headers: Vec::new(),
-                reconcile_url: None,
-                allowed_hosts: None,
-                max_response_bytes: DEFAULT_MAX_RESPONSE_BYTES,
-            },
-        });
+        let chat = chat_at(&format!("{}/v1", mock.base_url()));
         let args = r#"{"messages": [{"role": "user", "content": "where is order A-1?"}]}"#;
         let result = chat
             .call(CallRequest {
@@ -302,6 +290,58 @@ mod tests {
         assert!(result["content"].is_string(), "{result}");
         assert_eq!(result["finish_reason"], "stop", "{result}");
         assert!(result["usage"]["total_tokens"].is_u64(), "{result}");
+    }
+
+    /// An endpoint that ignores `stream` and answers one JSON completion is read as such.
+    /// (The endpoint is an axum router: a dependency of the `server` feature.)
+    #[cfg(feature = "server")]
+    #[tokio::test]
+    async fn a_json_completion_from_an_endpoint_that_does_not_stream_is_read_as_before() {
+        let completion = json!({
+            "choices": [{ "index": 0, "finish_reason": "stop",
+                "message": { "role": "assistant", "content": "plain" } }],
+            "usage": { "total_tokens": 3 },
+        });
+        let app = axum::Router::new().route(
+            "/v1/chat/completions",
+            axum::routing::post(move || async move { axum::Json(completion) }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let chat = chat_at(&format!("http://{addr}/v1"));
+        let result = chat
+            .call(CallRequest {
+                function: "llm.chat",
+                args: r#"{"messages": []}"#,
+                idempotency_key: "key-1",
+            })
+            .await
+            .expect("an answer");
+        let result: Value = serde_json::from_str(&result).expect("JSON");
+        assert_eq!(
+            result,
+            json!({ "role": "assistant", "content": "plain", "finish_reason": "stop",
+                "usage": { "total_tokens": 3 } })
+        );
+    }
+
+    fn chat_at(base_url: &str) -> OpenAiChatFunction {
+        OpenAiChatFunction::new(OpenAiChatConfig {
+            base_url: base_url.to_owned(),
+            model: "gpt-test".to_owned(),
+            http: HttpConfig {
+                url: String::new(),
+                timeout: Duration::from_secs(10),
+                retry: RetryPolicy::default(),
+                headers: Vec::new(),
+                reconcile_url: None,
+                allowed_hosts: None,
+                max_response_bytes: DEFAULT_MAX_RESPONSE_BYTES,
+            },
+        })
     }
 
     #[tokio::test]
