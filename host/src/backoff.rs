@@ -17,6 +17,14 @@ pub struct Backoff {
 }
 
 impl Backoff {
+    /// The bounds `initial_ms` and `max_ms`, in milliseconds, as configuration gives them.
+    pub fn from_millis(initial_ms: u64, max_ms: u64) -> Self {
+        Self {
+            initial: Duration::from_millis(initial_ms),
+            max: Duration::from_millis(max_ms),
+        }
+    }
+
     /// The exponential bound on the wait after `attempt` failed attempts (from 1):
     /// `min(max, initial × 2^(attempt − 1))`.
     pub fn bound(&self, attempt: u32) -> Duration {

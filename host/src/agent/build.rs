@@ -305,10 +305,7 @@ fn build_function(
         let retry = FunctionRetryConfig::from_keys(config.retry, config.retries);
         let retry = RetryPolicy {
             attempts: retry.attempts,
-            backoff: Backoff {
-                initial: Duration::from_millis(retry.initial_ms),
-                max: Duration::from_millis(retry.max_ms),
-            },
+            backoff: Backoff::from_millis(retry.initial_ms, retry.max_ms),
             deadline: Duration::from_millis(retry.deadline_ms),
         };
         Ok(HttpConfig {

@@ -56,13 +56,13 @@ fn retryable(status: StatusCode) -> bool {
 /// Where a function waits between attempts: the runtime's timer, or (in tests) a record of
 /// the waits asked for.
 #[async_trait]
-pub trait Pause: Send + Sync + fmt::Debug {
+pub(super) trait Pause: Send + Sync + fmt::Debug {
     async fn pause(&self, wait: Duration);
 }
 
 /// [`Pause`] on tokio's timer.
 #[derive(Debug)]
-pub struct Sleep;
+struct Sleep;
 
 #[async_trait]
 impl Pause for Sleep {

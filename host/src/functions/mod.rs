@@ -16,7 +16,7 @@ use async_trait::async_trait;
 
 pub use builtin::{Clock, RandomFunction, SystemClock, TimeFunction};
 pub use hosts::AllowedHosts;
-pub use http::{DEFAULT_MAX_RESPONSE_BYTES, HttpConfig, HttpFunction, Pause, RetryPolicy, Sleep};
+pub use http::{DEFAULT_MAX_RESPONSE_BYTES, HttpConfig, HttpFunction, RetryPolicy};
 pub use openai::{OpenAiChatConfig, OpenAiChatFunction};
 
 /// One call of a function, as its handler sees it.

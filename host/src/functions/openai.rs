@@ -99,9 +99,7 @@ impl Function for OpenAiChatFunction {
                     .iter()
                     .any(|field| answer.body.trim_start().starts_with(field)));
         if streamed {
-            return assemble(self.poster.url(), answer)
-                .await
-                .map(|m| m.to_string());
+            return self.result(&assemble(self.poster.url(), answer).await?);
         }
         let response = json_result(self.poster.url(), answer)?;
         let Some(Value::Object(mut message)) = response.pointer("/choices/0/message").cloned()
@@ -275,7 +273,10 @@ mod tests {
         let mock = rewind_mock::MockService::start("127.0.0.1:0".parse().expect("addr"))
             .await
             .expect("the mock starts");
-        let chat = chat_at(&format!("{}/v1", mock.base_url()));
+        let chat = chat_at(
+            &format!("{}/v1", mock.base_url()),
+            DEFAULT_MAX_RESPONSE_BYTES,
+        );
         let args = r#"{"messages": [{"role": "user", "content": "where is order A-1?"}]}"#;
         let result = chat
             .call(CallRequest {
@@ -292,8 +293,34 @@ mod tests {
         assert!(result["usage"]["total_tokens"].is_u64(), "{result}");
     }
 
+    /// A chat endpoint on loopback that answers every request with `body` as `content_type`;
+    /// its base URL. (An axum router: a dependency of the `server` feature.)
+    #[cfg(feature = "server")]
+    async fn answering(body: String, content_type: &'static str) -> String {
+        let app = axum::Router::new().route(
+            "/v1/chat/completions",
+            axum::routing::post(move || async move {
+                ([(axum::http::header::CONTENT_TYPE, content_type)], body)
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        format!("http://{addr}/v1")
+    }
+
+    async fn ask(chat: &OpenAiChatFunction) -> Result<String, FunctionError> {
+        chat.call(CallRequest {
+            function: "llm.chat",
+            args: r#"{"messages": []}"#,
+            idempotency_key: "key-1",
+        })
+        .await
+    }
+
     /// An endpoint that ignores `stream` and answers one JSON completion is read as such.
-    /// (The endpoint is an axum router: a dependency of the `server` feature.)
     #[cfg(feature = "server")]
     #[tokio::test]
     async fn a_json_completion_from_an_endpoint_that_does_not_stream_is_read_as_before() {
@@ -302,22 +329,8 @@ mod tests {
                 "message": { "role": "assistant", "content": "plain" } }],
             "usage": { "total_tokens": 3 },
         });
-        let app = axum::Router::new().route(
-            "/v1/chat/completions",
-            axum::routing::post(move || async move { axum::Json(completion) }),
-        );
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let addr = listener.local_addr().expect("addr");
-        tokio::spawn(async move { axum::serve(listener, app).await });
-        let chat = chat_at(&format!("http://{addr}/v1"));
-        let result = chat
-            .call(CallRequest {
-                function: "llm.chat",
-                args: r#"{"messages": []}"#,
-                idempotency_key: "key-1",
-            })
+        let base = answering(completion.to_string(), "application/json").await;
+        let result = ask(&chat_at(&base, DEFAULT_MAX_RESPONSE_BYTES))
             .await
             .expect("an answer");
         let result: Value = serde_json::from_str(&result).expect("JSON");
@@ -328,7 +341,29 @@ mod tests {
         );
     }
 
-    fn chat_at(base_url: &str) -> OpenAiChatFunction {
+    /// `max-response-bytes` caps the message a stream is put together into (a recorded
+    /// failure), while the stream itself may take more bytes than that.
+    #[cfg(feature = "server")]
+    #[tokio::test]
+    async fn a_streamed_message_over_the_cap_is_a_recorded_failure() {
+        let piece = "x".repeat(400);
+        let chunk = |content: &str| {
+            format!(
+                "data: {}\n\n",
+                json!({ "choices": [{ "index": 0, "delta": { "content": content } }] })
+            )
+        };
+        let stream = [chunk(&piece), chunk(&piece), "data: [DONE]\n\n".to_owned()].concat();
+        let base = answering(stream, "text/event-stream").await;
+        let error = ask(&chat_at(&base, 500)).await.expect_err("over the cap");
+        assert!(
+            matches!(&error, FunctionError::Failed(m) if m.ends_with("message is larger than 500 bytes")),
+            "{error:?}"
+        );
+        assert!(ask(&chat_at(&base, 2000)).await.is_ok(), "under the cap");
+    }
+
+    fn chat_at(base_url: &str, max_response_bytes: usize) -> OpenAiChatFunction {
         OpenAiChatFunction::new(OpenAiChatConfig {
             base_url: base_url.to_owned(),
             model: "gpt-test".to_owned(),
@@ -339,7 +374,7 @@ mod tests {
                 headers: Vec::new(),
                 reconcile_url: None,
                 allowed_hosts: None,
-                max_response_bytes: DEFAULT_MAX_RESPONSE_BYTES,
+                max_response_bytes,
             },
         })
     }

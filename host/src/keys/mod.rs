@@ -879,11 +879,7 @@ async fn attempts<F: Front>(
         // Escaped and bounded: a guest's error is its own text.
         let message = text::outside_error(&error.to_string());
         if attempt < retry.attempts {
-            let after = Backoff {
-                initial: Duration::from_millis(retry.initial_ms),
-                max: Duration::from_millis(retry.max_ms),
-            }
-            .delay(attempt);
+            let after = Backoff::from_millis(retry.initial_ms, retry.max_ms).delay(attempt);
             tracing::warn!(tenant = %labels.0, agent = labels.1, key = %key, sequence,
                 attempt, attempts = retry.attempts, retry_in = ?after,
                 "input failed; retrying: {message}");
