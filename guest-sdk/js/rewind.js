@@ -18,7 +18,12 @@
 // `scripts/guests.sh` builds it (build.mjs: esbuild bundles it with this module, then
 // componentize-js makes the component of world `action` of `wit/`, without wasi:http).
 
-import { call as durableCall } from 'rewind:action/durable@0.1.0';
+import {
+  call as durableCall,
+  sleep as durableSleep,
+  sleepUntil as durableSleepUntil,
+  awaitSignal as durableAwaitSignal,
+} from 'rewind:action/durable@0.2.0';
 import {
   key as contextKey,
   sequence as contextSequence,
@@ -26,7 +31,7 @@ import {
   memoryGet,
   memorySet,
   log as contextLog,
-} from 'rewind:action/context@0.1.0';
+} from 'rewind:action/context@0.2.0';
 
 /** Why an action failed: thrown out of the handler, its message is what the host reports. */
 export class RewindError extends Error {
@@ -109,6 +114,29 @@ export class Event {
   }
 }
 
+/** A signal delivered to the input, as `ctx.awaitSignal` returns it: `name`, and `payload` parsed. */
+export class Signal {
+  constructor(name, payloadJson) {
+    this.name = name;
+    this.payloadJson = payloadJson;
+  }
+
+  get payload() {
+    return parse(this.payloadJson, `the payload of signal \`${this.name}\``);
+  }
+}
+
+const MAX_U64 = 2n ** 64n - 1n;
+
+/** `ms` (a Number of milliseconds, at least 0) as the host's u64. */
+function millis(ms, what) {
+  if (typeof ms !== 'number' || !Number.isFinite(ms) || ms < 0) {
+    throw new RewindError(`${what} is ${String(ms)}: a number of milliseconds, at least 0`);
+  }
+  const whole = BigInt(Math.floor(ms));
+  return whole > MAX_U64 ? MAX_U64 : whole;
+}
+
 /** The levels of `ctx.log`. */
 export const Level = Object.freeze({
   trace: 'trace',
@@ -153,6 +181,38 @@ export class Context {
       }
       throw thrown;
     }
+  }
+
+  /**
+   * Waits `ms` milliseconds, durably. The wait is recorded and the run stops here, holding
+   * no instance, memory or run slot; when the time has come the input runs again from the
+   * start, its durable calls and earlier waits answered from their records, and this
+   * returns. A restart of the host neither shortens nor lengthens it. The key's later
+   * inputs wait behind it. Code before the wait runs again when the input resumes: what it
+   * does outside the sandbox must go through durable calls.
+   */
+  sleep(ms) {
+    durableSleep(millis(ms, "sleep's length"));
+  }
+
+  /** Waits, as `sleep` does, until `when` (a Date, or milliseconds since the Unix epoch). */
+  sleepUntil(when) {
+    const ms = when instanceof Date ? when.getTime() : when;
+    durableSleepUntil(millis(ms, "sleepUntil's time"));
+  }
+
+  /**
+   * Waits, as `sleep` does, for a signal delivered to this input whose name is one of
+   * `names` (each among the action's `signals` in agent.toml), and returns it as a Signal;
+   * or returns null once `timeoutMs` has passed without one (undefined: no timeout). A
+   * signal delivered before the wait is reached is kept for it; each signal is returned
+   * by one wait only.
+   */
+  awaitSignal(names, { timeoutMs } = {}) {
+    const list = typeof names === 'string' ? [names] : Array.from(names, String);
+    const timeout = timeoutMs === undefined || timeoutMs === null ? undefined : millis(timeoutMs, 'awaitSignal\'s timeoutMs');
+    const signal = durableAwaitSignal(list, timeout);
+    return signal === undefined || signal === null ? null : new Signal(signal.name, signal.payload);
   }
 
   /**

@@ -1,10 +1,12 @@
 //! What an action knows and can do inside its agent.
 
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::bindings::rewind::action::{context, durable, types};
-use crate::{CallError, Error, Event, Level};
+use crate::{CallError, Error, Event, Level, Signal};
 
 /// The action's handle on the host: durable calls, the input's key and sequence, events
 /// to send, the key's memory, and logging.
@@ -155,6 +157,78 @@ impl Context {
     /// ```
     pub fn call_json(&mut self, function: &str, args_json: &str) -> Result<String, CallError> {
         durable::call(function, args_json).map_err(CallError::from)
+    }
+
+    /// Waits `duration`, durably.
+    ///
+    /// The wait is recorded and the run stops here, holding no instance, memory or run
+    /// slot; when the time has come the input runs again from the start, its durable calls
+    /// and earlier waits answered from their records, and this returns. A restart of the
+    /// host neither shortens nor lengthens the wait. The key's later inputs wait behind
+    /// it; other keys go on. Time spent waiting does not count against the run's
+    /// `timeout-ms`.
+    ///
+    /// Code before the wait runs again when the input resumes: anything it does outside
+    /// the sandbox must go through durable calls (as everything does).
+    ///
+    /// # Example
+    ///
+    /// ```no_run
+    /// # fn f(ctx: &mut rewind_guest::Context) -> Result<(), rewind_guest::Error> {
+    /// use std::time::Duration;
+    /// ctx.sleep(Duration::from_secs(24 * 60 * 60)); // a reminder tomorrow
+    /// ctx.output(&serde_json::json!({ "reminder": ctx.key() }))
+    /// # }
+    /// ```
+    pub fn sleep(&mut self, duration: Duration) {
+        durable::sleep(millis(duration));
+    }
+
+    /// Waits, as [`sleep`](Self::sleep) does, until `time` (a time already past returns
+    /// at once).
+    ///
+    /// # Example
+    ///
+    /// ```no_run
+    /// # fn f(ctx: &mut rewind_guest::Context) {
+    /// use std::time::{Duration, SystemTime};
+    /// ctx.sleep_until(SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000));
+    /// # }
+    /// ```
+    pub fn sleep_until(&mut self, time: SystemTime) {
+        let since_epoch = time.duration_since(UNIX_EPOCH).unwrap_or_default();
+        durable::sleep_until(millis(since_epoch));
+    }
+
+    /// Waits, as [`sleep`](Self::sleep) does, for a signal delivered to this input whose
+    /// name is one of `names`, and returns it; or returns `None` once `timeout` has passed
+    /// without one (no timeout: it waits until a signal comes or an operator cancels the
+    /// input).
+    ///
+    /// Each name must be among the action's `signals` in agent.toml, or the run fails
+    /// naming it. A signal delivered before the wait is reached is kept for it; each
+    /// signal is returned by one wait only.
+    ///
+    /// # Example
+    ///
+    /// ```no_run
+    /// # fn f(ctx: &mut rewind_guest::Context) -> Result<(), rewind_guest::Error> {
+    /// use std::time::Duration;
+    /// let day = Duration::from_secs(24 * 60 * 60);
+    /// match ctx.await_signal(&["approve", "reject"], Some(day)) {
+    ///     Some(signal) if signal.name == "approve" => ctx.info("approved"),
+    ///     Some(_) => ctx.info("rejected"),
+    ///     None => ctx.info("nobody answered within a day"),
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn await_signal(&mut self, names: &[&str], timeout: Option<Duration>) -> Option<Signal> {
+        let names: Vec<String> = names.iter().map(|name| (*name).to_owned()).collect();
+        durable::await_signal(&names, timeout.map(millis)).map(|signal| Signal {
+            name: signal.name,
+            payload: signal.payload,
+        })
     }
 
     /// Sends an event of `kind` with `payload` serialised to JSON.
@@ -360,4 +434,9 @@ impl Context {
     pub fn error(&self, message: &str) {
         self.log(Level::Error, message);
     }
+}
+
+/// `duration` in whole milliseconds, at most `u64::MAX`.
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }

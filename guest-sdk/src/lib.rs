@@ -54,6 +54,7 @@ mod context;
 mod error;
 mod event;
 mod level;
+mod signal;
 
 #[doc(hidden)]
 pub mod bindings;
@@ -62,6 +63,7 @@ pub use context::Context;
 pub use error::{CallError, Error};
 pub use event::Event;
 pub use level::Level;
+pub use signal::Signal;
 
 /// An agent action: the code run for each event whose kind the action is bound to.
 ///

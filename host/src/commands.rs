@@ -60,6 +60,17 @@ pub enum Verb {
         action: Option<String>,
         answer: CallAnswer,
     },
+    /// Deliver a signal to the input (without a sequence, to the key's first unfinished
+    /// one), once per `id`.
+    Signal {
+        name: String,
+        /// JSON text.
+        payload: String,
+        /// The sender's id for it: a signal sent again with the same id is delivered once.
+        /// Empty: the command's id.
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        signal_id: String,
+    },
 }
 
 /// What became of a call in doubt, as an operator found out.
@@ -81,6 +92,7 @@ impl Verb {
             Self::Skip { .. } => "skip",
             Self::Cancel { .. } => "cancel",
             Self::Resolve { .. } => "resolve",
+            Self::Signal { .. } => "signal",
         }
     }
 }

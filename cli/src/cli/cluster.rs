@@ -18,7 +18,7 @@ use rewind_host::commands::Verb;
 use rewind_host::log::{JetStreamLog, NatsAuth, NatsConnect, NatsTls};
 use rewind_host::sandbox::Sandbox;
 
-use super::operator::{self, CancelVerb, ResolveVerb, SkipVerb, Which};
+use super::operator::{self, CancelVerb, ResolveVerb, SignalVerb, SkipVerb, Which};
 
 #[derive(Debug, Args)]
 pub struct ClusterArgs {
@@ -125,6 +125,16 @@ enum ClusterCommand {
         #[command(flatten)]
         verb: CancelVerb,
     },
+    /// Send a signal to a key's input (its first unfinished one, or --sequence).
+    Signal {
+        agent: String,
+        #[command(flatten)]
+        at: Where,
+        #[command(flatten)]
+        which: Which,
+        #[command(flatten)]
+        verb: SignalVerb,
+    },
 }
 
 pub async fn cluster(
@@ -196,6 +206,12 @@ pub async fn cluster(
             which,
             verb,
         } => command(&agent, &at, which, verb.verb()).await,
+        ClusterCommand::Signal {
+            agent,
+            at,
+            which,
+            verb,
+        } => command(&agent, &at, which, verb.verb()?).await,
     }
 }
 

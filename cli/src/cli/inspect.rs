@@ -34,15 +34,32 @@ pub struct InspectArgs {
 #[serde(rename_all = "kebab-case")]
 struct KeyInputs {
     key: String,
-    /// The first unfinished input: parked or accepted.
+    /// The first unfinished input: parked, waiting (at a durable wait) or accepted.
     sequence: u64,
     status: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
     attempts: Option<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     error: Option<String>,
+    /// At a durable wait: the action that waits, until when (RFC 3339) and for which
+    /// signals.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    wait: Option<WaitView>,
     /// Sequences of the key's later inputs, accepted and waiting behind it.
     waiting: Vec<u64>,
+}
+
+/// A durable wait as `inspect` shows it.
+#[derive(Debug, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+struct WaitView {
+    action: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    until: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    signals: Vec<String>,
+    /// What `rewind inspect` prints: "for signal approve or reject until …".
+    described: String,
 }
 
 /// Per key, its first unfinished input and the ones behind it.
@@ -61,11 +78,17 @@ fn key_inputs(checkpoint: Option<&Checkpoint>, only: Option<&str>) -> Vec<KeyInp
             Some(KeyInputs {
                 key: key.to_owned(),
                 sequence: first.sequence,
-                status: if first.parked.is_some() {
-                    "parked"
-                } else {
-                    "accepted"
+                status: match (&first.parked, &first.waiting) {
+                    (Some(_), _) => "parked",
+                    (None, Some(_)) => "waiting",
+                    (None, None) => "accepted",
                 },
+                wait: first.waiting.as_ref().map(|waiting| WaitView {
+                    action: waiting.action.clone(),
+                    until: waiting.wait.until_text(),
+                    signals: waiting.wait.signals.clone(),
+                    described: waiting.wait.to_string(),
+                }),
                 attempts: first.parked.as_ref().map(|p| p.attempts),
                 error: first.parked.as_ref().map(|p| p.error.clone()),
                 waiting: rest.iter().map(|p| p.sequence).collect(),
@@ -203,6 +226,7 @@ pub async fn inspect(args: InspectArgs) -> anyhow::Result<ExitCode> {
                 let detail = match &call.outcome {
                     CallOutcome::Pending => String::new(),
                     CallOutcome::Succeeded(v) | CallOutcome::Failed(v) => shorten(v),
+                    CallOutcome::Waiting(wait) => format!("waits {wait}"),
                 };
                 println!(
                     "    call {index}: {} {} key {} -> {detail}",
@@ -249,6 +273,14 @@ fn print_inputs(inputs: &[KeyInputs]) {
             _ => String::new(),
         };
         match (&input.error, input.attempts) {
+            _ if input.wait.is_some() => {
+                let wait = input.wait.as_ref().map_or("", |w| w.described.as_str());
+                let action = input.wait.as_ref().map_or("", |w| w.action.as_str());
+                println!(
+                    "input {} #{}: at a durable wait: action `{action}` waits {wait}{behind}",
+                    input.key, input.sequence
+                );
+            }
             (Some(error), Some(attempts)) => println!(
                 "input {} #{}: parked after {attempts} attempts: {}{behind}",
                 input.key,

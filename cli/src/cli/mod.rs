@@ -57,6 +57,10 @@ enum Command {
     /// Cancel a key's first unfinished input of a run's state (running, retrying or
     /// parked): it stops at its next durable call, which is not made, and its key goes on.
     Cancel(operator::CancelArgs),
+    /// Send a signal to a key's input of a run's state (its first unfinished one, or
+    /// --sequence): a wait for it (`await-signal`) takes it, now or when the input reaches
+    /// it.
+    Signal(operator::SignalArgs),
     /// Kill an agent's run at every durable boundary in turn, recover, and compare with an
     /// uninterrupted run.
     Test(test::TestArgs),
@@ -140,7 +144,8 @@ pub fn test_hooks(cli: &Cli) -> anyhow::Result<Option<OsString>> {
         | Command::Retry(_)
         | Command::Skip(_)
         | Command::Resolve(_)
-        | Command::Cancel(_) => {
+        | Command::Cancel(_)
+        | Command::Signal(_) => {
             return Ok(None);
         }
     };
@@ -185,6 +190,7 @@ pub async fn main(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Skip(args) => operator::skip(args).await,
         Command::Resolve(args) => operator::resolve(args).await,
         Command::Cancel(args) => operator::cancel(args).await,
+        Command::Signal(args) => operator::signal(args).await,
         Command::Test(args) => test::test(args, cli.cache_dir.clone(), cli.verbose > 0).await,
         #[cfg(feature = "server")]
         Command::Serve(args) => serve::serve(args, sandbox()?).await,

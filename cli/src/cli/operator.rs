@@ -1,5 +1,6 @@
-//! `rewind retry|skip|resolve|cancel --state DIR --key K [--sequence N]`: operator commands
-//! on a state directory, carried out by the `rewind run` that holds it, or by the next one.
+//! `rewind retry|skip|resolve|cancel|signal --state DIR --key K [--sequence N]`: operator
+//! commands on a state directory, carried out by the `rewind run` that holds it, or by the
+//! next one.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -166,6 +167,50 @@ impl ResolveVerb {
     }
 }
 
+#[derive(Debug, clap::Args)]
+pub struct SignalArgs {
+    #[command(flatten)]
+    target: Target,
+    #[command(flatten)]
+    verb: SignalVerb,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct SignalVerb {
+    /// The signal's name: one an action of the agent declares (`signals = [...]`).
+    #[arg(long)]
+    name: String,
+    /// Its payload, JSON.
+    #[arg(long, value_name = "JSON", default_value = "null")]
+    payload: String,
+    /// Your id for it: sent again with the same id, it is delivered once (default: a new
+    /// one, so each `rewind signal` is a new signal).
+    #[arg(long)]
+    id: Option<String>,
+}
+
+impl SignalVerb {
+    pub fn verb(self) -> anyhow::Result<Verb> {
+        serde_json::from_str::<serde_json::Value>(&self.payload)
+            .with_context(|| format!("--payload is not JSON: {}", self.payload))?;
+        let id = match self.id {
+            Some(id) if id.trim().is_empty() => bail!("--id is empty"),
+            Some(id) => id,
+            // The command's own id.
+            None => String::new(),
+        };
+        Ok(Verb::Signal {
+            name: self.name,
+            payload: self.payload,
+            signal_id: id,
+        })
+    }
+}
+
+pub async fn signal(args: SignalArgs) -> anyhow::Result<ExitCode> {
+    leave(args.target, args.verb.verb()?).await
+}
+
 pub async fn resolve(args: ResolveArgs) -> anyhow::Result<ExitCode> {
     leave(args.target, args.verb.verb()?).await
 }
@@ -256,6 +301,7 @@ pub fn describe(command: &Command) -> String {
             Some(action) => format!(" call {call} of `{action}`"),
             None => format!(" call {call}"),
         },
+        Verb::Signal { name, .. } => format!(" `{name}`"),
         Verb::Retry | Verb::Skip { .. } | Verb::Cancel { .. } => String::new(),
     };
     format!(

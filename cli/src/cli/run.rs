@@ -33,6 +33,10 @@ pub struct RunArgs {
     /// Do not check that every function's endpoint accepts connections before starting.
     #[arg(long)]
     no_preflight: bool,
+    /// Keep running until inputs at a durable wait (a sleep, a wait for a signal) finish,
+    /// rather than ending once only they (and parked inputs) are left.
+    #[arg(long)]
+    wait: bool,
 }
 
 struct Bar(ProgressBar);
@@ -45,6 +49,10 @@ impl Progress for Bar {
         self.0.inc(1);
     }
 }
+
+/// The exit code of a run that ended with inputs at a durable wait, and nothing parked,
+/// stopped or malformed: not a failure, but not finished either.
+pub const WAITS_PENDING: u8 = 3;
 
 pub async fn run(args: RunArgs, sandbox: Sandbox) -> anyhow::Result<ExitCode> {
     let file = AgentFile::load(&args.agent)?;
@@ -96,6 +104,7 @@ pub async fn run(args: RunArgs, sandbox: Sandbox) -> anyhow::Result<ExitCode> {
         checkpointing: Some(&checkpointing),
         resume: recovered.latest.as_ref(),
         commands: Some(&commands),
+        until_waits_end: args.wait,
     };
     let lines = futures_util::stream::iter(input::read_lines(BufReader::new(reader)));
     let progress = Bar(bar.clone());
@@ -119,6 +128,8 @@ pub async fn run(args: RunArgs, sandbox: Sandbox) -> anyhow::Result<ExitCode> {
     }
     Ok(if summary.all_completed() {
         ExitCode::SUCCESS
+    } else if summary.only_waits() {
+        ExitCode::from(WAITS_PENDING)
     } else {
         ExitCode::FAILURE
     })
@@ -161,11 +172,12 @@ fn write_calls(path: &Path, summary: &Summary) -> anyhow::Result<()> {
 
 fn print_summary(summary: &Summary) {
     eprintln!(
-        "inputs: {} accepted, {} completed, {} parked, {} waiting behind a parked input, {} \
-         malformed lines; {} failed attempts retried",
+        "inputs: {} accepted, {} completed, {} parked, {} at a durable wait, {} waiting behind \
+         an earlier input of their key, {} malformed lines; {} failed attempts retried",
         summary.inputs,
         summary.completed,
         summary.parked.len(),
+        summary.waits.len(),
         summary.waiting_inputs(),
         summary.malformed.len(),
         summary.retries
@@ -212,6 +224,31 @@ fn print_summary(summary: &Summary) {
     }
     for (key, sequence, fault) in summary.stopped.iter().take(10) {
         eprintln!("stopped: {key} #{sequence}: {fault}");
+    }
+    for (key, sequence, waiting) in summary.waits.iter().take(10) {
+        eprintln!(
+            "at a wait: {key} #{sequence}: action `{}` waits {}",
+            waiting.action, waiting.wait
+        );
+    }
+    if summary.waits.len() > 10 {
+        eprintln!("at a wait: {} more inputs", summary.waits.len() - 10);
+    }
+    if !summary.waits.is_empty() {
+        let next = summary
+            .waits
+            .iter()
+            .filter_map(|(_, _, w)| w.wait.until_text())
+            .min();
+        let when = match next {
+            Some(next) => format!("the next wait's time comes at {next}; "),
+            None => String::new(),
+        };
+        eprintln!(
+            "{when}running the same command again (on the same --state) after it, or after \
+             `rewind signal --state DIR --key K --name NAME`, goes on with them (or run with \
+             --wait to keep running until they finish)"
+        );
     }
     for (key, waiting) in summary.waiting.iter().take(10) {
         let which = if waiting.inputs == 1 {

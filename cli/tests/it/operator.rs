@@ -168,6 +168,7 @@ async fn run(
         checkpointing: Some(&checkpointing),
         resume: None,
         commands: Some(&commands),
+        until_waits_end: false,
     };
     let summary = run_inputs(agent, lines, &mut sink, &(), options)
         .await

@@ -131,6 +131,7 @@ async fn process_into_sink(
             checkpointing: Some(&checkpointing),
             resume: latest.as_ref(),
             commands: None,
+            until_waits_end: false,
         },
     )
     .await
@@ -385,6 +386,7 @@ async fn checkpoints_failing_in_a_row_stop_the_run_naming_the_cause() {
             checkpointing: Some(&checkpointing),
             resume: None,
             commands: None,
+            until_waits_end: false,
         },
     )
     .await

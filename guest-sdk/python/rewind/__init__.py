@@ -24,9 +24,11 @@ Build it with ``scripts/guests.sh`` (componentize-py, world ``action`` of ``wit/
 ``.wasm`` it writes is the component to name in ``agent.toml``.
 """
 
+import datetime
 import json
+import math
 import traceback
-from typing import Any, Optional
+from typing import Any, Optional, Sequence, Union
 
 import wit_world
 from componentize_py_types import Err
@@ -43,6 +45,7 @@ __all__ = [
     "Error",
     "Event",
     "Level",
+    "Signal",
     "UnknownFunction",
     "export",
 ]
@@ -101,6 +104,13 @@ def _dumps(value: Any, what: str) -> str:
         raise Error(f"{what} cannot be encoded as JSON: {error}") from None
 
 
+def _loads(text: str, what: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError as error:
+        raise Error(f"{what} is not JSON: {error}") from None
+
+
 class Event:
     """An event: ``kind`` routes it, ``payload`` is its JSON, parsed."""
 
@@ -111,17 +121,38 @@ class Event:
     @property
     def payload(self) -> Any:
         """The payload parsed from JSON (``None`` for ``null``)."""
-        try:
-            return json.loads(self.payload_json)
-        except ValueError as error:
-            raise Error(f"the payload of event `{self.kind}` is not JSON: {error}") from None
+        return _loads(self.payload_json, f"the payload of event `{self.kind}`")
 
     def __repr__(self) -> str:
         return f"Event(kind={self.kind!r}, payload={self.payload_json!r})"
 
 
+class Signal:
+    """A signal delivered to the input, as ``Context.await_signal`` returns it: its
+    ``name`` and its ``payload``, JSON parsed."""
+
+    def __init__(self, name: str, payload_json: str) -> None:
+        self.name = name
+        self.payload_json = payload_json
+
+    @property
+    def payload(self) -> Any:
+        """The payload parsed from JSON (``None`` for ``null``)."""
+        return _loads(self.payload_json, f"the payload of signal `{self.name}`")
+
+    def __repr__(self) -> str:
+        return f"Signal(name={self.name!r}, payload={self.payload_json!r})"
+
+
+def _millis(seconds: float, what: str) -> int:
+    if not (isinstance(seconds, (int, float)) and math.isfinite(seconds)) or seconds < 0:
+        raise Error(f"{what} is {seconds!r}: a number of seconds, at least 0")
+    return min(round(seconds * 1000), 2**64 - 1)
+
+
 class Context:
-    """What an action can reach: durable calls, events, the key's memory, the host's log."""
+    """What an action can reach: durable calls, events, the key's memory, the host's log,
+    durable waits."""
 
     @property
     def key(self) -> str:
@@ -143,10 +174,7 @@ class Context:
         """
         args_json = _dumps({} if args is _NO_ARGS else args, f"args for `{function}`")
         result = self.call_json(function, args_json)
-        try:
-            return json.loads(result)
-        except ValueError as error:
-            raise Error(f"result of `{function}` is not JSON: {error}") from None
+        return _loads(result, f"result of `{function}`")
 
     def call_json(self, function: str, args_json: str) -> str:
         """``call`` with JSON text in and out."""
@@ -155,6 +183,43 @@ class Context:
         except Err as err:
             error = err.value
             raise _CALL_ERRORS[type(error)](function, error.value) from None
+
+    def sleep(self, seconds: float) -> None:
+        """Waits ``seconds``, durably.
+
+        The wait is recorded and the run stops here, holding no instance, memory or run
+        slot; when the time has come the input runs again from the start, its durable calls
+        and earlier waits answered from their records, and this returns. A restart of the
+        host neither shortens nor lengthens it. The key's later inputs wait behind it.
+        Code before the wait runs again when the input resumes: what it does outside the
+        sandbox must go through durable calls.
+        """
+        _durable.sleep(_millis(seconds, "sleep's length"))
+
+    def sleep_until(self, when: Union[datetime.datetime, float]) -> None:
+        """Waits, as ``sleep`` does, until ``when``: a timezone-aware ``datetime`` or seconds
+        since the Unix epoch. A time already past returns at once."""
+        if isinstance(when, datetime.datetime):
+            if when.tzinfo is None:
+                raise Error("sleep_until takes a timezone-aware datetime (or Unix seconds)")
+            when = when.timestamp()
+        _durable.sleep_until(_millis(when, "sleep_until's time"))
+
+    def await_signal(
+        self, names: Sequence[str], timeout: Optional[float] = None
+    ) -> Optional[Signal]:
+        """Waits, as ``sleep`` does, for a signal delivered to this input whose name is one
+        of ``names`` (each among the action's ``signals`` in agent.toml), and returns it; or
+        ``None`` once ``timeout`` seconds have passed without one (``None``: no timeout).
+
+        A signal delivered before the wait is reached is kept for it; each signal is
+        returned by one wait only.
+        """
+        if isinstance(names, str):
+            names = [names]
+        timeout_ms = None if timeout is None else _millis(timeout, "await_signal's timeout")
+        signal = _durable.await_signal(list(names), timeout_ms)
+        return None if signal is None else Signal(signal.name, signal.payload)
 
     def send(self, kind: str, payload: Any) -> None:
         """Sends an event of ``kind``, delivered when the run completes: to the actions bound
@@ -170,10 +235,7 @@ class Context:
         value = _context.memory_get(name)
         if value is None:
             return default
-        try:
-            return json.loads(value)
-        except ValueError as error:
-            raise Error(f"memory `{name}` is not JSON: {error}") from None
+        return _loads(value, f"memory `{name}`")
 
     def set_memory(self, name: str, value: Any) -> None:
         """Sets ``name`` in the key's memory when the run completes."""

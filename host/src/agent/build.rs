@@ -265,6 +265,13 @@ impl AgentBuilder {
                 calls_per_run: config.limits.calls_per_run,
                 clock_readings_per_run: config.limits.clock_readings_per_run,
                 budget: self.budget,
+                signals: config
+                    .actions
+                    .iter()
+                    .filter(|action| !action.signals.is_empty())
+                    .map(|action| (action.name.clone(), action.signals.clone()))
+                    .collect(),
+                clock: Some(Arc::clone(&self.clock)),
             }),
             limits: config.limits,
             unhandled_events: config.unhandled_events,

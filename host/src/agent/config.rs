@@ -131,6 +131,10 @@ pub struct ActionConfig {
     pub component: PathBuf,
     /// Event kinds that trigger it.
     pub on: Vec<String>,
+    /// The signals it may wait for (`await-signal`); a signal no action of the agent
+    /// declares is refused when it is sent.
+    #[serde(default)]
+    pub signals: Vec<String>,
 }
 
 /// What a function is.
@@ -321,6 +325,28 @@ impl AgentConfig {
             if !names.insert(action.name.as_str()) {
                 return Err(format!("action `{}` is declared twice", action.name));
             }
+            if action.name.starts_with('@') {
+                return Err(format!(
+                    "action `{}`: names starting with `@` are the host's",
+                    action.name
+                ));
+            }
+            let mut signals = std::collections::BTreeSet::new();
+            for signal in &action.signals {
+                if signal.is_empty() || signal.len() > crate::durable::MAX_SIGNAL_NAME_BYTES {
+                    return Err(format!(
+                        "action `{}`: signal name {signal:?} is empty or longer than {} bytes",
+                        action.name,
+                        crate::durable::MAX_SIGNAL_NAME_BYTES
+                    ));
+                }
+                if !signals.insert(signal) {
+                    return Err(format!(
+                        "action `{}`: signal `{signal}` is declared twice",
+                        action.name
+                    ));
+                }
+            }
             if action.on.is_empty() {
                 return Err(format!(
                     "action `{}`: `on` is empty, so nothing would trigger it",
@@ -339,6 +365,11 @@ impl AgentConfig {
             }
         }
         for (name, function) in &self.functions {
+            if name.starts_with('@') {
+                return Err(format!(
+                    "function `{name}`: names starting with `@` are the host's (its waits)"
+                ));
+            }
             function
                 .validate()
                 .map_err(|message| format!("function `{name}`: {message}"))?;

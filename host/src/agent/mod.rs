@@ -5,6 +5,7 @@ mod build;
 mod config;
 pub mod input;
 pub mod output;
+mod signal;
 mod task;
 
 use std::collections::{BTreeMap, VecDeque};
@@ -12,14 +13,20 @@ use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
+pub use crate::store::Waiting;
 pub use build::{AgentBuilder, BuildError, Secrets};
 pub use config::{
     ActionConfig, AgentConfig, AgentFile, ConfigError, DEFAULT_PARALLELISM, FunctionConfig,
     FunctionKind, FunctionRetryConfig, RetryConfig, StateConfig, UnhandledEvents,
 };
 pub use output::{JsonlSink, OutputSink, OutputWriter, WrittenIds};
+pub use signal::{
+    Delivered, MAX_SIGNAL_ID_BYTES, MAX_SIGNAL_PAYLOAD_BYTES, MAX_SIGNALS_PER_INPUT, SignalError,
+    SignalIn,
+};
 
 use crate::durable::digest::{input_trigger, sent_trigger};
+use crate::durable::taken_signals;
 use crate::durable::{CallPolicy, CallStats, CallsByFunction, DurableCalls};
 use crate::event::{Event, INPUT_KIND, Input, OUTPUT_KIND, Output, OutputId};
 use crate::functions::Functions;
@@ -77,6 +84,9 @@ pub struct InputReport {
     pub calls_by_function: CallsByFunction,
     /// Events of a kind no action handles, dropped.
     pub unhandled: u64,
+    /// Where the input stopped to wait (it did not complete, and did not fail): it runs
+    /// again once the wait can be over.
+    pub waiting: Option<Waiting>,
     /// Why the input did not complete.
     pub error: Option<InputError>,
 }
@@ -217,6 +227,8 @@ impl Agent {
             input_trigger(&input.payload),
         ));
         let mut events = 0;
+        // The inbox ids of the signals the input's waits took so far.
+        let mut taken = Vec::new();
         while let Some((event, trigger)) = queue.pop_front() {
             events += 1;
             if events > MAX_EVENTS_PER_INPUT {
@@ -244,11 +256,27 @@ impl Agent {
                         let state =
                             found.unwrap_or_else(|| ActionState::new(key.clone(), event.clone()));
                         report.runs += 1;
+                        let durable = DurableCalls::new(
+                            Arc::clone(&self.store),
+                            Arc::clone(&self.functions),
+                            Arc::clone(&self.policy),
+                            state,
+                        )
+                        .cancelled_by(cancel.clone())
+                        .with_signals_taken(taken.iter().copied());
                         match self
-                            .run_action(action, input, &event, state, cancel, &mut report)
+                            .run_action(action, input, &event, durable, &mut report)
                             .await
                         {
                             Ok(state) => state,
+                            Err(RunError::Waiting(wait)) => {
+                                report.memory = Arc::clone(memory);
+                                report.waiting = Some(Waiting {
+                                    action: action.name.clone(),
+                                    wait,
+                                });
+                                return report;
+                            }
                             Err(error) => {
                                 let error = InputError::Run {
                                     key: input.key.clone(),
@@ -261,6 +289,7 @@ impl Agent {
                         }
                     }
                 };
+                taken.extend(taken_signals(&completed));
                 self.apply(
                     input,
                     &completed,
@@ -328,17 +357,9 @@ impl Agent {
         action: &Action,
         input: &Input,
         event: &Event,
-        state: ActionState,
-        cancel: &CancellationToken,
+        durable: DurableCalls,
         report: &mut InputReport,
     ) -> Result<ActionState, RunError> {
-        let durable = DurableCalls::new(
-            Arc::clone(&self.store),
-            Arc::clone(&self.functions),
-            Arc::clone(&self.policy),
-            state,
-        )
-        .cancelled_by(cancel.clone());
         let run = RunInput {
             labels: RunLabels {
                 agent: self.name.clone(),

@@ -13,7 +13,7 @@ use super::{
     Checkpoint, CheckpointId, CheckpointStore, Ended, KeyProgress, ParkedInput, PendingInput,
     SkippedInput,
 };
-use crate::store::Marker;
+use crate::store::{Marker, Wait, Waiting};
 
 /// A fresh store, and whatever must live as long as it (a directory, a server).
 pub struct Fresh {
@@ -69,15 +69,31 @@ pub fn checkpoint(id: CheckpointId) -> Checkpoint {
             },
         )]
         .into(),
-        pending: vec![PendingInput {
-            key: "ana".to_owned(),
-            sequence: id + 3,
-            payload: format!("{{\"n\": {id}}}"),
-            parked: Some(ParkedInput {
-                attempts: 3,
-                error: format!("attempt {id} trapped"),
-            }),
-        }],
+        pending: vec![
+            PendingInput {
+                key: "ana".to_owned(),
+                sequence: id + 3,
+                payload: format!("{{\"n\": {id}}}"),
+                parked: Some(ParkedInput {
+                    attempts: 3,
+                    error: format!("attempt {id} trapped"),
+                }),
+                waiting: None,
+            },
+            PendingInput {
+                key: "bo".to_owned(),
+                sequence: 1,
+                payload: "{}".to_owned(),
+                parked: None,
+                waiting: Some(Waiting {
+                    action: "approve".to_owned(),
+                    wait: Wait {
+                        until: Some(1_796_000_000_000 + id),
+                        signals: vec!["approve".to_owned(), "reject".to_owned()],
+                    },
+                }),
+            },
+        ],
         marker: Marker {
             offsets: vec![id, 0],
         },

@@ -19,7 +19,7 @@ pub use file::FileCheckpoints;
 pub use log::LogCheckpoints;
 
 use crate::log::Log;
-use crate::store::{ActionStateStore, KeyScope, Marker, StoreError};
+use crate::store::{ActionStateStore, KeyScope, Marker, StoreError, Waiting};
 use crate::version::{self, FormatError, Versioned};
 
 /// Numbers checkpoints; a later checkpoint has a higher id.
@@ -99,6 +99,10 @@ pub struct PendingInput {
     /// Parked at the cut: every attempt failed, and it waits for an operator.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parked: Option<ParkedInput>,
+    /// Stopped at a durable wait at the cut (recorded in its action state): a run from the
+    /// checkpoint arms it again without running the input.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting: Option<Waiting>,
 }
 
 /// How a pending input came to be parked.

@@ -157,6 +157,7 @@ pub async fn run(
         checkpointing: Some(&checkpointing),
         resume: latest.as_ref(),
         commands: Some(&commands),
+        until_waits_end: false,
     };
     let summary = run_inputs(agent, Box::pin(lines), &mut sink, &(), options)
         .await

@@ -8,10 +8,14 @@ use tokio_util::sync::CancellationToken;
 
 use super::ambient::AmbientSource;
 use super::digest::{args_digest, idempotency_key};
+use super::wait::{
+    MAX_SIGNAL_NAME_BYTES, MAX_SIGNAL_NAMES, Signal, Taken, WaitFor, Woke, taken_signals, unix_ms,
+};
 use crate::crash::{self, CrashPoint};
-use crate::functions::{CallRequest, Function, FunctionError, Functions, Reconciled};
+use crate::functions::{CallRequest, Clock, Function, FunctionError, Functions, Reconciled};
 use crate::store::{
-    ActionState, ActionStateStore, CallOutcome, CallRecord, Completion, Digest, StoreError,
+    ActionState, ActionStateStore, CallOutcome, CallRecord, Completion, Digest, StateKey,
+    StoreError, Wait,
 };
 
 /// What to do when a replayed run makes a different call than the one recorded at its index.
@@ -64,6 +68,11 @@ pub struct CallPolicy {
     pub clock_readings_per_run: u32,
     /// Live calls beyond the budget are denied (not recorded, no index taken).
     pub budget: Option<Arc<dyn CallBudget>>,
+    /// The signals each action may wait for (its `signals` in agent.toml), by action.
+    pub signals: BTreeMap<String, Vec<String>>,
+    /// What a wait reads the time from: when it ends, whether its time has come. `None`:
+    /// the system's clock.
+    pub clock: Option<Arc<dyn Clock>>,
 }
 
 impl CallPolicy {
@@ -72,6 +81,14 @@ impl CallPolicy {
             .get(function)
             .copied()
             .unwrap_or(self.divergence)
+    }
+
+    /// Milliseconds since the Unix epoch, as waits see them.
+    fn now_ms(&self) -> u64 {
+        unix_ms(match &self.clock {
+            Some(clock) => clock.now(),
+            None => std::time::SystemTime::now(),
+        })
     }
 
     fn in_doubt_for(&self, function: &str) -> InDoubtPolicy {
@@ -139,6 +156,9 @@ pub enum Fault {
     /// not made.
     #[error("cancelled by an operator before call {index}; it was not made")]
     Cancelled { index: usize },
+    /// A wait for signals its action does not declare, or for none, or for too many.
+    #[error("await-signal: {0}")]
+    BadSignalWait(String),
 }
 
 /// Counts of what one run's calls did.
@@ -193,6 +213,8 @@ pub struct DurableCalls {
     by_function: CallsByFunction,
     /// Cancelled by an operator: no further call is made.
     cancel: CancellationToken,
+    /// Inbox ids of the signals the input's other states took.
+    taken: Taken,
 }
 
 impl DurableCalls {
@@ -224,7 +246,16 @@ impl DurableCalls {
             stats: CallStats::default(),
             by_function: CallsByFunction::default(),
             cancel: CancellationToken::new(),
+            taken: Taken::new(),
         }
+    }
+
+    /// The signals (by inbox id) the input's other action states took: a signal is taken
+    /// by one wait of its input.
+    #[must_use]
+    pub fn with_signals_taken(mut self, taken: impl IntoIterator<Item = u64>) -> Self {
+        self.taken.extend(taken);
+        self
     }
 
     /// Stops the run at its next call once `cancel` is cancelled.
@@ -273,16 +304,7 @@ impl DurableCalls {
         function: &str,
         args: &str,
     ) -> Result<Result<String, CallError>, Fault> {
-        if self.cancel.is_cancelled() {
-            return Err(Fault::Cancelled { index: self.next });
-        }
-        self.readings_within_limit()?;
-        if self.made >= self.policy.calls_per_run {
-            return Err(Fault::CallLimit {
-                limit: self.policy.calls_per_run,
-            });
-        }
-        self.made += 1;
+        self.take_index()?;
         let digest = args_digest(args).map_err(|e| Fault::InvalidArgs {
             function: function.to_owned(),
             message: e.to_string(),
@@ -313,15 +335,18 @@ impl DurableCalls {
                     CallOutcome::Succeeded(result) => Some(Ok(result.clone())),
                     CallOutcome::Failed(error) => Some(Err(CallError::Failed(error.clone()))),
                     // In doubt: the call may or may not have run.
-                    CallOutcome::Pending => None,
-                };
-                match served {
-                    Some(served) => {
-                        self.next += 1;
-                        self.count(function, |s| s.replayed += 1);
-                        return Ok(served);
+                    CallOutcome::Pending => {
+                        pending = Some(record.idempotency_key.clone());
+                        None
                     }
-                    None => pending = Some(record.idempotency_key.clone()),
+                    // A wait's record, which no call has the name of (a wait's starts
+                    // with `@`): made as if none were there.
+                    CallOutcome::Waiting(_) => None,
+                };
+                if let Some(served) = served {
+                    self.next += 1;
+                    self.count(function, |s| s.replayed += 1);
+                    return Ok(served);
                 }
             } else {
                 self.diverge(index, record.clone(), function, digest)
@@ -439,7 +464,7 @@ impl DurableCalls {
     ) -> Result<Result<String, CallError>, Fault> {
         let answer_bytes = match &outcome {
             CallOutcome::Succeeded(text) | CallOutcome::Failed(text) => text.len(),
-            CallOutcome::Pending => 0,
+            CallOutcome::Pending | CallOutcome::Waiting(_) => 0,
         };
         match self.record(index, request, digest, outcome).await {
             Err(Fault::Store {
@@ -537,6 +562,146 @@ impl DurableCalls {
                 Ok(())
             }
         }
+    }
+
+    /// Whether the run may make one more call or wait (not cancelled, within its clock
+    /// readings and its `calls-per-run`): counts it if so.
+    fn take_index(&mut self) -> Result<(), Fault> {
+        if self.cancel.is_cancelled() {
+            return Err(Fault::Cancelled { index: self.next });
+        }
+        self.readings_within_limit()?;
+        if self.made >= self.policy.calls_per_run {
+            return Err(Fault::CallLimit {
+                limit: self.policy.calls_per_run,
+            });
+        }
+        self.made += 1;
+        Ok(())
+    }
+
+    /// A durable wait at the run's next index. `Ok(Ok(signal))`: the wait is over (a
+    /// signal, or `None` when its time came), recorded before this returns. `Ok(Err(wait))`:
+    /// it is not over, and the run is to stop here; its wait is recorded (the first time
+    /// it is reached) and the input runs again once it can be over.
+    pub async fn wait(&mut self, what: WaitFor) -> Result<Result<Option<Signal>, Wait>, Fault> {
+        self.take_index()?;
+        if let WaitFor::Signal { names, .. } = &what {
+            self.check_signals(names)?;
+        }
+        let function = what.function();
+        let args = what.args();
+        let digest = args_digest(&args).map_err(|e| Fault::InvalidArgs {
+            function: function.to_owned(),
+            message: e.to_string(),
+        })?;
+        let index = self.next;
+        let mut recorded = None;
+        if let Some(record) = self.state.calls.get(index) {
+            if record.function == function && record.args_digest == digest {
+                match &record.outcome {
+                    CallOutcome::Succeeded(json) => {
+                        let woke: Woke = serde_json::from_str(json).map_err(|e| {
+                            Fault::BadSignalWait(format!(
+                                "the record of the wait at call {index} is not one: {e}"
+                            ))
+                        })?;
+                        self.next += 1;
+                        self.count(function, |s| s.replayed += 1);
+                        return Ok(Ok(woke.signal()));
+                    }
+                    CallOutcome::Waiting(wait) => recorded = Some(wait.clone()),
+                    // Not a wait's record: made again as if none were there.
+                    CallOutcome::Pending | CallOutcome::Failed(_) => {}
+                }
+            } else {
+                self.diverge(index, record.clone(), function, digest)
+                    .await?;
+            }
+        }
+        let now = self.policy.now_ms();
+        let first = recorded.is_none();
+        let wait = recorded.unwrap_or_else(|| what.wait(now));
+        let request = CallRequest {
+            function,
+            args: &args,
+            idempotency_key: &idempotency_key(&self.state, index, function, &digest),
+        };
+        let woke = match self.signal_for(&wait.signals) {
+            Some(woke) => Some(woke),
+            None => wait.until.filter(|&until| until <= now).map(|_| Woke::Time),
+        };
+        let Some(woke) = woke else {
+            if first {
+                self.record(index, request, digest, CallOutcome::Waiting(wait.clone()))
+                    .await?;
+            }
+            return Ok(Err(wait));
+        };
+        // Not counted as a call made: nothing left the sandbox.
+        self.record(index, request, digest, CallOutcome::Succeeded(woke.json()))
+            .await?;
+        self.next += 1;
+        Ok(Ok(woke.signal()))
+    }
+
+    /// Refuses a wait for no signal, too many, or one the action does not declare.
+    fn check_signals(&self, names: &[String]) -> Result<(), Fault> {
+        let action = &self.state.key.action;
+        let declared = self
+            .policy
+            .signals
+            .get(action)
+            .map_or(&[][..], Vec::as_slice);
+        if names.is_empty() {
+            return Err(Fault::BadSignalWait(
+                "names no signal to wait for".to_owned(),
+            ));
+        }
+        if names.len() > MAX_SIGNAL_NAMES {
+            return Err(Fault::BadSignalWait(format!(
+                "names {} signals, more than the {MAX_SIGNAL_NAMES} one wait may",
+                names.len()
+            )));
+        }
+        for name in names {
+            if !declared.contains(name) {
+                let shown: String = name.chars().take(MAX_SIGNAL_NAME_BYTES).collect();
+                return Err(Fault::BadSignalWait(format!(
+                    "action `{action}` waits for signal {shown:?}, which it does not declare \
+                     (its `signals` in agent.toml: {declared:?})"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The first signal in the input's inbox that one of `names` matches and no wait of
+    /// the input took.
+    fn signal_for(&self, names: &[String]) -> Option<Woke> {
+        if names.is_empty() {
+            return None;
+        }
+        let inbox = self.store.get(&StateKey::signals(
+            &self.state.key.scope,
+            self.state.key.sequence,
+        ))?;
+        let taken: Taken = taken_signals(&self.state).collect();
+        inbox
+            .calls
+            .iter()
+            .enumerate()
+            .map(|(id, record)| (id as u64, record))
+            .filter(|(id, _)| !taken.contains(id) && !self.taken.contains(id))
+            .find(|(_, record)| names.contains(&record.function))
+            .and_then(|(id, record)| match &record.outcome {
+                CallOutcome::Succeeded(payload) => Some(Woke::Signal {
+                    id,
+                    name: record.function.clone(),
+                    payload: payload.clone(),
+                }),
+                _ => None,
+            })
     }
 
     /// Records that the run completed, with what it sent and wrote; returns the final state.

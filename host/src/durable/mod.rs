@@ -7,6 +7,7 @@ mod ambient;
 mod call;
 pub mod digest;
 mod resolve;
+mod wait;
 
 pub use ambient::{AmbientSource, RandomStream, SEED_ENV, Seeded, seed, seed_from_env};
 
@@ -15,3 +16,7 @@ pub use call::{
     Fault, InDoubtPolicy,
 };
 pub use resolve::{Answer, ResolveError, Resolved, resolve};
+pub use wait::{
+    AWAIT_SIGNAL, MAX_SIGNAL_NAME_BYTES, MAX_SIGNAL_NAMES, SLEEP, SLEEP_UNTIL, Signal, WaitFor,
+    taken_signals, unix_ms,
+};

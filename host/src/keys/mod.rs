@@ -6,15 +6,17 @@
 //! and `rewind cluster` ([`run_inputs`], progress in checkpoints), `rewind serve` (progress
 //! in the tenant's journal). docs/SEMANTICS.md, "Failure of an input", states the rules.
 
+mod signal;
 mod stream;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fmt;
 use std::hash::Hash;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
+use tokio::sync::Notify;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
@@ -23,9 +25,10 @@ pub use stream::{
     Retention, RunOptions, Summary, WaitingInputs, run_inputs,
 };
 
-use crate::agent::{Agent, InputError, InputReport, Memory};
+use crate::agent::{Agent, InputError, InputReport, Memory, Waiting};
 use crate::backoff::Backoff;
 pub use crate::checkpoint::Ended;
+use crate::durable::unix_ms;
 use crate::event::Input;
 use crate::text;
 
@@ -162,6 +165,19 @@ pub trait Front: Send + Sync + 'static {
         ending: Ending<'_>,
     ) -> Result<(), HostFault>;
 
+    /// `input` stopped at a durable wait (`Some`, recorded in its action state already;
+    /// `report` says what the run did), or runs again because its wait may be over
+    /// (`None`): records where it stands, so that a restart arms its wait again without
+    /// running it ([`Keys::restore_waiting`]). A front end that records nothing runs it
+    /// again at a restart, to the same wait.
+    async fn waiting(
+        &self,
+        key: &Self::Key,
+        input: &Queued<Self::Extra>,
+        wait: Option<&Waiting>,
+        report: InputReport,
+    );
+
     /// An operator retries the parked `input` (its `extra` as the retry has it, a newer
     /// version for instance): records that durably, so that a restart runs it rather than
     /// parking it again. It runs once this returns.
@@ -199,12 +215,22 @@ pub enum Head {
         sequence: u64,
         fault: String,
     },
+    /// It stopped at a durable wait: it runs again when its time comes or a signal it
+    /// waits for is delivered, holding nothing meanwhile.
+    Waiting {
+        sequence: u64,
+        waiting: Waiting,
+    },
 }
 
 impl Head {
-    /// Whether the key waits for someone outside it (an operator, a restart).
+    /// Whether the key waits for something outside it (an operator, a restart, a wait's
+    /// time or signal): its inputs hold no run slot and do not count against intake.
     pub fn stalled(&self) -> bool {
-        matches!(self, Self::Parked { .. } | Self::Stopped { .. })
+        matches!(
+            self,
+            Self::Parked { .. } | Self::Stopped { .. } | Self::Waiting { .. }
+        )
     }
 }
 
@@ -264,6 +290,11 @@ struct KeyState<X> {
     completing: bool,
     /// An operator's command holds the parked first input (see `Keys::claim`).
     claimed: bool,
+    /// The first input's wait may be over (its time came, or a signal came for it) while
+    /// its worker still ran it: it runs again as soon as it stops.
+    wake: bool,
+    /// The first input was woken from a wait: its front end hears of it before it runs.
+    woken: bool,
 }
 
 impl<X> Default for KeyState<X> {
@@ -278,6 +309,8 @@ impl<X> Default for KeyState<X> {
             cancelled: None,
             completing: false,
             claimed: false,
+            wake: false,
+            woken: false,
         }
     }
 }
@@ -290,6 +323,8 @@ impl<X> KeyState<X> {
         self.cancelled = None;
         self.completing = false;
         self.claimed = false;
+        self.wake = false;
+        self.woken = false;
     }
 }
 
@@ -298,6 +333,10 @@ impl<X> KeyState<X> {
 struct Table<K, X> {
     keys: HashMap<K, KeyState<X>>,
     stalled: usize,
+    /// The waits with a time, by when it comes (milliseconds since the Unix epoch): the
+    /// key and the sequence of the input that waits. One left behind (its input woke by a
+    /// signal, or was cancelled) wakes nothing when its time comes.
+    timers: BTreeMap<u64, Vec<(K, u64)>>,
 }
 
 impl<K: KeyId, X> Table<K, X> {
@@ -314,14 +353,22 @@ impl<K: KeyId, X> Table<K, X> {
         state.head = head;
     }
 
-    /// `key`'s parked input (`sequence`, when given, must be it), once its park is
-    /// recorded and while no other command holds it.
-    fn parked(&self, key: &K, sequence: Option<u64>) -> Result<&Queued<X>, CommandError> {
+    /// `key`'s parked input (`sequence`, when given, must be it), or with `waits` its
+    /// waiting one, once its park or wait is recorded and while no other command holds it.
+    fn parked(
+        &self,
+        key: &K,
+        sequence: Option<u64>,
+        waits: bool,
+    ) -> Result<&Queued<X>, CommandError> {
         self.keys
             .get(key)
             .filter(|state| !state.working)
             .and_then(|state| match state.head {
                 Head::Parked { sequence: s, .. } if sequence.is_none_or(|n| n == s) => {
+                    state.queue.front()
+                }
+                Head::Waiting { sequence: s, .. } if waits && sequence.is_none_or(|n| n == s) => {
                     state.queue.front()
                 }
                 _ => None,
@@ -336,20 +383,69 @@ impl<K: KeyId, X> Table<K, X> {
 struct Shared<F: Front> {
     front: Arc<F>,
     table: Mutex<Table<F::Key, F::Extra>>,
+    /// A timer earlier than the ones the timer task sleeps toward was armed.
+    timers_changed: Notify,
+    /// Signals are delivered one at a time: each is an inbox read, then written whole.
+    signals: tokio::sync::Mutex<()>,
 }
 
 impl<F: Front> Shared<F> {
     fn lock(&self) -> MutexGuard<'_, Table<F::Key, F::Extra>> {
         self.table.lock().unwrap_or_else(|p| p.into_inner())
     }
+
+    /// Arms the timer of `key`'s input `sequence`, which waits until `until`.
+    fn arm(&self, table: &mut Table<F::Key, F::Extra>, key: &F::Key, sequence: u64, until: u64) {
+        let earliest = table
+            .timers
+            .keys()
+            .next()
+            .is_none_or(|&first| until < first);
+        table
+            .timers
+            .entry(until)
+            .or_default()
+            .push((key.clone(), sequence));
+        if earliest {
+            self.timers_changed.notify_one();
+        }
+    }
 }
 
-/// Every key of a front end. Dropping it stops the keys' workers.
+/// Where keys' workers run: the core's, and its timer task's to wake keys with.
+struct Spawner {
+    workers: Mutex<JoinSet<()>>,
+    runtime: tokio::runtime::Handle,
+}
+
+impl Spawner {
+    fn spawn<F: Front>(&self, shared: &Arc<Shared<F>>, key: F::Key) {
+        let mut workers = self.workers.lock().unwrap_or_else(|p| p.into_inner());
+        // Finished workers' results are of no use: drop them as new ones start.
+        while workers.try_join_next().is_some() {}
+        workers.spawn_on(work(Arc::clone(shared), key), &self.runtime);
+    }
+}
+
+/// Every key of a front end. Dropping it stops the keys' workers and its timers.
 pub struct Keys<F: Front> {
     shared: Arc<Shared<F>>,
-    workers: Mutex<JoinSet<()>>,
     /// Where workers (and so the actions they run) are spawned.
-    runtime: tokio::runtime::Handle,
+    spawner: Arc<Spawner>,
+    /// The task that wakes keys whose wait's time came.
+    timer: tokio::task::AbortHandle,
+}
+
+impl<F: Front> Drop for Keys<F> {
+    fn drop(&mut self) {
+        self.timer.abort();
+        (self
+            .spawner
+            .workers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()))
+        .abort_all();
+    }
 }
 
 impl<F: Front> fmt::Debug for Keys<F> {
@@ -368,16 +464,28 @@ impl<F: Front> Keys<F> {
 
     /// Keys whose inputs run on `runtime`.
     pub fn on(front: Arc<F>, runtime: tokio::runtime::Handle) -> Self {
-        Self {
-            shared: Arc::new(Shared {
-                front,
-                table: Mutex::new(Table {
-                    keys: HashMap::new(),
-                    stalled: 0,
-                }),
+        let shared = Arc::new(Shared {
+            front,
+            table: Mutex::new(Table {
+                keys: HashMap::new(),
+                stalled: 0,
+                timers: BTreeMap::new(),
             }),
+            timers_changed: Notify::new(),
+            signals: tokio::sync::Mutex::new(()),
+        });
+        let spawner = Arc::new(Spawner {
             workers: Mutex::new(JoinSet::new()),
             runtime,
+        });
+        let timer = spawner
+            .runtime
+            .spawn(timers(Arc::clone(&shared), Arc::clone(&spawner)))
+            .abort_handle();
+        Self {
+            shared,
+            spawner,
+            timer,
         }
     }
 
@@ -400,6 +508,33 @@ impl<F: Front> Keys<F> {
         error: String,
     ) {
         let sequence = queued.input.sequence;
+        let parked = Head::Parked {
+            sequence,
+            attempts,
+            error,
+        };
+        self.restore_stalled(key, queued, parked);
+    }
+
+    /// Queues `queued` as `key`'s first input, waiting as it was when the front end last
+    /// recorded it: its timer armed, not run until its time comes or a signal it waits for
+    /// is delivered. (A front end that finds a signal delivered meanwhile queues it with
+    /// [`push`](Self::push) instead, to run now.) Behind other inputs of its key it is
+    /// queued as any other.
+    pub fn restore_waiting(&self, key: F::Key, queued: Queued<F::Extra>, waiting: Waiting) {
+        let sequence = queued.input.sequence;
+        let until = waiting.wait.until;
+        if self.restore_stalled(key.clone(), queued, Head::Waiting { sequence, waiting })
+            && let Some(until) = until
+        {
+            let mut table = self.shared.lock();
+            self.shared.arm(&mut table, &key, sequence, until);
+        }
+    }
+
+    /// Queues `queued` first on `key` with `head`; `false` (queued as any other) when the
+    /// key has inputs before it.
+    fn restore_stalled(&self, key: F::Key, queued: Queued<F::Extra>, head: Head) -> bool {
         let first = self
             .shared
             .lock()
@@ -408,18 +543,14 @@ impl<F: Front> Keys<F> {
             .is_none_or(|state| state.queue.is_empty());
         if !first {
             self.push(key, queued);
-            return;
+            return false;
         }
         let mut table = self.shared.lock();
         let state = table.keys.entry(key.clone()).or_default();
-        state.next_sequence = state.next_sequence.max(sequence + 1);
+        state.next_sequence = state.next_sequence.max(queued.input.sequence + 1);
         state.queue.push_back(queued);
-        let parked = Head::Parked {
-            sequence,
-            attempts,
-            error,
-        };
-        table.set_head(&key, parked);
+        table.set_head(&key, head);
+        true
     }
 
     /// The sequence the key's next input gets, taken: an input accepted with it is
@@ -457,6 +588,28 @@ impl<F: Front> Keys<F> {
     /// queued behind them.
     pub fn stalled(&self) -> usize {
         self.shared.lock().stalled
+    }
+
+    /// Every key whose first input is at a durable wait (its wait recorded, or being
+    /// recorded): the key, the input's sequence, and its wait.
+    pub fn waiting(&self) -> Vec<(F::Key, u64, Waiting)> {
+        let table = self.shared.lock();
+        (table.keys.iter())
+            .filter_map(|(key, state)| match &state.head {
+                Head::Waiting { sequence, waiting } => {
+                    Some((key.clone(), *sequence, waiting.clone()))
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Keys whose first input is at a durable wait.
+    pub fn waits(&self) -> usize {
+        let table = self.shared.lock();
+        (table.keys.values())
+            .filter(|state| matches!(state.head, Head::Waiting { .. }))
+            .count()
     }
 
     /// Every key with an unfinished input whose head `select` takes, with its first input.
@@ -520,7 +673,7 @@ impl<F: Front> Keys<F> {
     where
         Fut: Future<Output = Result<(), BoxError>> + Send,
     {
-        let (mut parked, _) = self.claim(key, sequence)?;
+        let (mut parked, _) = self.claim(key, sequence, false)?;
         let retried = parked.input.sequence;
         if let Err(error) = first(parked.clone()).await {
             self.release(key);
@@ -606,7 +759,7 @@ impl<F: Front> Keys<F> {
             }
             match &state.head {
                 // Ended below, as a skip is.
-                Head::Parked { .. } if !state.working => {}
+                Head::Parked { .. } | Head::Waiting { .. } if !state.working => {}
                 Head::Stopped { fault, .. } => {
                     return Err(refuse(format!(
                         "#{first} was stopped by a host fault and runs again when the host \
@@ -661,7 +814,8 @@ impl<F: Front> Keys<F> {
         sequence: Option<u64>,
         ending: Ending<'_>,
     ) -> Result<u64, CommandError> {
-        let (parked, memory) = self.claim(key, sequence)?;
+        let waits = ending.ended == Ended::Cancelled;
+        let (parked, memory) = self.claim(key, sequence, waits)?;
         let ended = parked.input.sequence;
         let recorded = self.shared.front.ended(key, &parked, &memory, ending);
         if let Err(fault) = recorded.await {
@@ -697,9 +851,10 @@ impl<F: Front> Keys<F> {
         &self,
         key: &F::Key,
         sequence: Option<u64>,
+        waits: bool,
     ) -> Result<(Queued<F::Extra>, Memory), CommandError> {
         let mut table = self.shared.lock();
-        let parked = table.parked(key, sequence)?.clone();
+        let parked = table.parked(key, sequence, waits)?.clone();
         let state = table
             .keys
             .get_mut(key)
@@ -721,11 +876,76 @@ impl<F: Front> Keys<F> {
     }
 
     fn spawn(&self, key: F::Key) {
-        let shared = Arc::clone(&self.shared);
-        let mut workers = self.workers.lock().unwrap_or_else(|p| p.into_inner());
-        // Finished workers' results are of no use: drop them as new ones start.
-        while workers.try_join_next().is_some() {}
-        workers.spawn_on(work(shared, key), &self.runtime);
+        self.spawner.spawn(&self.shared, key);
+    }
+}
+
+/// Wakes the keys whose wait's time came, sleeping toward the earliest: one task for every
+/// timer, however many.
+async fn timers<F: Front>(shared: Arc<Shared<F>>, spawner: Arc<Spawner>) {
+    loop {
+        let next = shared.lock().timers.keys().next().copied();
+        let Some(at) = next else {
+            shared.timers_changed.notified().await;
+            continue;
+        };
+        let now = unix_ms(SystemTime::now());
+        if at > now {
+            tokio::select! {
+                () = shared.timers_changed.notified() => continue,
+                () = tokio::time::sleep(Duration::from_millis(at - now)) => {}
+            }
+        }
+        let due = {
+            let mut table = shared.lock();
+            let later = table.timers.split_off(&(unix_ms(SystemTime::now()) + 1));
+            std::mem::replace(&mut table.timers, later)
+        };
+        for (key, sequence) in due.into_values().flatten() {
+            wake(&shared, &spawner, &key, sequence, None);
+        }
+    }
+}
+
+/// `key`'s input `sequence` may be past its wait (its time came, or `signal` was delivered
+/// to it): if it is the key's first, it runs again if it waits (for `signal`, when given),
+/// or as soon as its run stops if one runs.
+fn wake<F: Front>(
+    shared: &Arc<Shared<F>>,
+    spawner: &Spawner,
+    key: &F::Key,
+    sequence: u64,
+    signal: Option<&str>,
+) {
+    let start = {
+        let mut table = shared.lock();
+        let Some(state) = table.keys.get_mut(key) else {
+            return;
+        };
+        if state.queue.front().map(|q| q.input.sequence) != Some(sequence) {
+            return;
+        }
+        match &state.head {
+            Head::Waiting { waiting, .. }
+                if signal.is_some_and(|name| !waiting.wait.signals.iter().any(|s| s == name)) =>
+            {
+                false
+            }
+            Head::Waiting { .. } if !state.working => {
+                state.working = true;
+                state.woken = true;
+                table.set_head(key, Head::Idle);
+                true
+            }
+            Head::Idle | Head::Running { .. } | Head::Waiting { .. } => {
+                state.wake = true;
+                false
+            }
+            Head::Retrying { .. } | Head::Parked { .. } | Head::Stopped { .. } => false,
+        }
+    };
+    if start {
+        spawner.spawn(shared, key.clone());
     }
 }
 
@@ -737,6 +957,11 @@ fn key_head<K: Clone, X: Clone>(key: &K, state: &KeyState<X>) -> Option<KeyHead<
         } if state.working => Head::Running {
             sequence: *sequence,
             attempt: *attempts,
+        },
+        // Its wait is being recorded: still running.
+        Head::Waiting { sequence, .. } if state.working => Head::Running {
+            sequence: *sequence,
+            attempt: 1,
         },
         head => head.clone(),
     };
@@ -757,7 +982,7 @@ fn key_head<K: Clone, X: Clone>(key: &K, state: &KeyState<X>) -> Option<KeyHead<
 /// or its first input is parked or stopped.
 async fn work<F: Front>(shared: Arc<Shared<F>>, key: F::Key) {
     loop {
-        let (queued, memory, cancel) = {
+        let (queued, memory, cancel, woken) = {
             let mut table = shared.lock();
             let Some(state) = table.keys.get_mut(&key) else {
                 return;
@@ -767,6 +992,7 @@ async fn work<F: Front>(shared: Arc<Shared<F>>, key: F::Key) {
                     queued.clone(),
                     Arc::clone(&state.memory),
                     state.cancel.clone(),
+                    std::mem::take(&mut state.woken),
                 ),
                 None => {
                     state.working = false;
@@ -775,6 +1001,10 @@ async fn work<F: Front>(shared: Arc<Shared<F>>, key: F::Key) {
                 }
             }
         };
+        if woken {
+            let report = InputReport::default();
+            shared.front.waiting(&key, &queued, None, report).await;
+        }
         let memory = match attempts(&shared, &key, &queued, &memory, &cancel).await {
             Attempts::Completed(memory) => Some(memory),
             Attempts::Cancelled => {
@@ -839,6 +1069,18 @@ async fn attempts<F: Front>(
         };
         set_head(shared, key, Head::Running { sequence, attempt }, false);
         let mut report = agent.process_isolated(&queued.input, memory, cancel).await;
+        if let Some(waiting) = report.waiting.take() {
+            drop(slot);
+            match suspend(shared, key, queued, waiting, report).await {
+                Suspended::Over => return Attempts::Over,
+                Suspended::Cancelled => return Attempts::Cancelled,
+                // A run after a wait is a first attempt again.
+                Suspended::Woken => {
+                    attempt = 0;
+                    continue;
+                }
+            }
+        }
         if cancelled(shared, key, report.error.is_none()) {
             return Attempts::Cancelled;
         }
@@ -928,6 +1170,67 @@ async fn attempts<F: Front>(
     }
 }
 
+/// What came of a run that stopped at a wait.
+enum Suspended {
+    /// It waits, holding nothing: the worker ends.
+    Over,
+    /// Its wait may be over already (its time came, or a signal, while it ran or its wait
+    /// was recorded): it runs again now.
+    Woken,
+    /// An operator cancelled it.
+    Cancelled,
+}
+
+/// `key`'s first input (`queued`) stopped at `waiting` (`report` says what its run did):
+/// it waits, its timer armed and its front end told, unless the wait may be over already.
+async fn suspend<F: Front>(
+    shared: &Shared<F>,
+    key: &F::Key,
+    queued: &Queued<F::Extra>,
+    waiting: Waiting,
+    report: InputReport,
+) -> Suspended {
+    let sequence = queued.input.sequence;
+    {
+        let mut table = shared.lock();
+        if let Some(until) = waiting.wait.until {
+            shared.arm(&mut table, key, sequence, until);
+        }
+        let head = Head::Waiting {
+            sequence,
+            waiting: waiting.clone(),
+        };
+        table.set_head(key, head);
+    }
+    shared
+        .front
+        .waiting(key, queued, Some(&waiting), report)
+        .await;
+    {
+        let mut table = shared.lock();
+        let Some(state) = table.keys.get_mut(key) else {
+            return Suspended::Over;
+        };
+        if state.cancelled.is_some() {
+            return Suspended::Cancelled;
+        }
+        // A wake that came while the input ran, or while its wait was recorded, is for
+        // this wait (or one it passed): it runs again.
+        if !std::mem::take(&mut state.wake) {
+            state.working = false;
+            tracing::debug!(key = %key, sequence, action = %waiting.action,
+                "the input waits {}; it holds no run slot meanwhile", waiting.wait);
+            return Suspended::Over;
+        }
+        table.set_head(key, Head::Idle);
+    }
+    shared
+        .front
+        .waiting(key, queued, None, InputReport::default())
+        .await;
+    Suspended::Woken
+}
+
 /// Whether an operator cancelled `key`'s first input; if not and `completing`, from now on
 /// it is too late to.
 fn cancelled<F: Front>(shared: &Shared<F>, key: &F::Key, completing: bool) -> bool {
@@ -952,15 +1255,21 @@ async fn end_cancelled<F: Front>(
 ) -> bool {
     let (by, why) = {
         let mut table = shared.lock();
-        // A park being recorded when the cancel came was stalled: no longer.
-        if let Some(Head::Parked {
-            sequence, attempts, ..
-        }) = table.keys.get(key).map(|state| state.head.clone())
-        {
-            let running = Head::Running {
-                sequence,
-                attempt: attempts,
-            };
+        // A park or wait being recorded when the cancel came was stalled: no longer.
+        let running = match table.keys.get(key).map(|state| &state.head) {
+            Some(Head::Parked {
+                sequence, attempts, ..
+            }) => Some(Head::Running {
+                sequence: *sequence,
+                attempt: *attempts,
+            }),
+            Some(Head::Waiting { sequence, .. }) => Some(Head::Running {
+                sequence: *sequence,
+                attempt: 1,
+            }),
+            _ => None,
+        };
+        if let Some(running) = running {
             table.set_head(key, running);
         }
         table

@@ -10,11 +10,12 @@ use futures_util::{Stream, StreamExt as _};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 
 use super::{
-    BoxError, Cancelling, Ended, Ending, Front, Head, HostFault, Keys, Next, Queued, Refusal,
+    BoxError, Cancelling, CommandError, Ended, Ending, Front, Head, HostFault, Keys, Next, Queued,
+    Refusal,
 };
 use crate::agent::input::{InputLine, LineError};
 use crate::agent::output::OutputSink;
-use crate::agent::{Agent, InputError, InputReport, Memory, StateConfig};
+use crate::agent::{Agent, InputError, InputReport, Memory, SignalIn, StateConfig, Waiting};
 use crate::checkpoint::{
     Checkpoint, CheckpointError, CheckpointId, CheckpointStore, KeyProgress, ParkedInput,
     PendingInput, SkippedInput,
@@ -70,6 +71,9 @@ pub struct Summary {
     pub commands: Vec<(Command, Outcome)>,
     /// Inputs an operator skipped or cancelled during the run.
     pub ended: Vec<(String, u64, Ended)>,
+    /// Inputs stopped at a durable wait at the end (key, sequence, the wait): pending, run
+    /// again by a later run once their time comes or a signal they wait for is delivered.
+    pub waits: Vec<(String, u64, Waiting)>,
     pub elapsed: Duration,
 }
 
@@ -91,9 +95,23 @@ impl Summary {
         self.waiting.values().map(|b| b.inputs).sum()
     }
 
+    /// Whether the inputs not completed are all at a durable wait (or behind one), and
+    /// every line was an input.
+    pub fn only_waits(&self) -> bool {
+        !self.waits.is_empty()
+            && self.parked.is_empty()
+            && self.stopped.is_empty()
+            && self.malformed.is_empty()
+            && self
+                .waiting
+                .keys()
+                .all(|key| self.waits.iter().any(|(k, _, _)| k == key))
+    }
+
     /// Whether every input accepted completed and every line was an input.
     pub fn all_completed(&self) -> bool {
         self.parked.is_empty()
+            && self.waits.is_empty()
             && self.stopped.is_empty()
             && self.waiting.is_empty()
             && self.malformed.is_empty()
@@ -163,6 +181,10 @@ pub struct RunOptions<'a> {
     /// the run are carried out first, then every parked input still parked is retried, and
     /// while it runs, new ones are carried out within [`COMMAND_POLL`].
     pub commands: Option<&'a dyn CommandQueue>,
+    /// Whether the run goes on until every input at a durable wait finished (its time
+    /// comes, its signal is delivered), rather than ending once only they and parked
+    /// inputs are left.
+    pub until_waits_end: bool,
 }
 
 /// How often a run looks for operator commands.
@@ -252,6 +274,7 @@ pub async fn run_inputs<S: OutputSink>(
         ending: HashMap::new(),
         checkpoint_now: false,
         skipped: Vec::new(),
+        until_waits_end: options.until_waits_end,
     };
     if let Some(checkpoint) = options.resume {
         run.restore(checkpoint);
@@ -345,6 +368,9 @@ enum Done {
     Completed(Input, InputReport),
     Failed(Input, InputReport, InputError, Next),
     Stopped(Input, String),
+    /// It stopped at a durable wait (what its run did in the report), or (`None`) runs
+    /// again past one.
+    Waiting(Input, Option<Waiting>, InputReport),
     /// An operator skipped or cancelled it.
     Ended {
         input: Input,
@@ -427,6 +453,18 @@ impl Front for StreamFront {
         Ok(())
     }
 
+    /// The run's loop keeps it for the next checkpoint: a run from it arms the wait again.
+    async fn waiting(
+        &self,
+        _: &String,
+        queued: &Queued<()>,
+        wait: Option<&Waiting>,
+        report: InputReport,
+    ) {
+        let input = queued.input.clone();
+        let _ = self.done.send(Done::Waiting(input, wait.cloned(), report));
+    }
+
     /// Nothing to record: a run started on the state retries every parked input anyway.
     async fn retried(&self, _: &String, _: &Queued<()>, _: &str) -> Result<(), HostFault> {
         Ok(())
@@ -466,6 +504,8 @@ struct Run<'a, S: OutputSink> {
     checkpoint_now: bool,
     /// Every input an operator skipped or cancelled, as checkpoints keep them.
     skipped: Vec<SkippedInput>,
+    /// Go on until inputs at a durable wait finish (`RunOptions::until_waits_end`).
+    until_waits_end: bool,
 }
 
 impl<S: OutputSink> Run<'_, S> {
@@ -503,17 +543,25 @@ impl<S: OutputSink> Run<'_, S> {
                 payload: pending.payload.clone(),
             };
             let key = pending.key.clone();
-            let parked = pending.parked.clone();
+            let (parked, waiting) = (pending.parked.clone(), pending.waiting.clone());
             self.tracker
                 .pending
                 .insert((key.clone(), pending.sequence), pending);
             let queued = Queued { input, extra: () };
-            match parked {
-                Some(parked) => {
+            match (parked, waiting) {
+                (Some(parked), _) => {
                     self.keys
                         .restore_parked(key, queued, parked.attempts, parked.error);
                 }
-                None => {
+                // A signal it waits for came after the cut: it runs now.
+                (None, Some(waiting))
+                    if !self
+                        .agent
+                        .signal_came(&key, queued.input.sequence, &waiting) =>
+                {
+                    self.keys.restore_waiting(key, queued, waiting);
+                }
+                (None, _) => {
                     self.keys.push(key, queued);
                 }
             }
@@ -599,6 +647,27 @@ impl<S: OutputSink> Run<'_, S> {
                     Some(sequence)
                 })
             }
+            Verb::Signal {
+                name,
+                payload,
+                signal_id: id,
+            } => {
+                let signal = SignalIn {
+                    name: name.clone(),
+                    payload: payload.clone(),
+                    id: if id.is_empty() {
+                        command.id.clone()
+                    } else {
+                        id.clone()
+                    },
+                };
+                let delivered = self.keys.signal(key, command.sequence, &signal).await;
+                delivered
+                    .map(|delivered| Some(delivered.sequence))
+                    .map_err(|error| CommandError::Refused {
+                        error: Box::new(error),
+                    })
+            }
             Verb::Skip { reason } | Verb::Cancel { reason } => {
                 // Ended already, by this command, in a run that stopped before it said so.
                 if let Some(done) = self.skipped.iter().find(|s| s.by_command(&command.id)) {
@@ -656,7 +725,12 @@ impl<S: OutputSink> Run<'_, S> {
             .retain(|error| error.input() != (key, sequence));
     }
 
-    /// Whether every key the core holds stalled has its park or stop recorded here.
+    /// Whether the run goes on for inputs at a durable wait.
+    fn waits_to_end(&self) -> bool {
+        self.until_waits_end && self.keys.waits() > 0
+    }
+
+    /// Whether every key the core holds stalled has its park, wait or stop recorded here.
     fn stalls_heard(&self) -> bool {
         self.keys
             .heads(|_, head| head.stalled())
@@ -667,7 +741,7 @@ impl<S: OutputSink> Run<'_, S> {
                     .tracker
                     .pending
                     .get(&(key.clone(), sequence))
-                    .is_some_and(|pending| pending.parked.is_some());
+                    .is_some_and(|pending| pending.parked.is_some() || pending.waiting.is_some());
                 parked || (self.summary.stopped.iter()).any(|(k, s, _)| k == key && *s == sequence)
             })
     }
@@ -697,6 +771,7 @@ impl<S: OutputSink> Run<'_, S> {
                 sequence: input.sequence,
                 payload: input.payload.clone(),
                 parked: None,
+                waiting: None,
             },
         );
         self.keys
@@ -708,7 +783,7 @@ impl<S: OutputSink> Run<'_, S> {
     async fn finish(&mut self) -> std::io::Result<()> {
         // The core counts a key stalled as it decides the park, before this loop hears of
         // it: wait for that too, or the last checkpoint would miss the park.
-        while self.in_flight() > 0 || !self.stalls_heard() {
+        while self.in_flight() > 0 || !self.stalls_heard() || self.waits_to_end() {
             let due = self.checkpoint_time();
             let next = tokio::select! {
                 next = self.done_rx.recv() => next,
@@ -725,6 +800,10 @@ impl<S: OutputSink> Run<'_, S> {
             let Some(done) = next else { break };
             self.record(done).await?;
         }
+        self.summary.waits = self.keys.waiting();
+        self.summary
+            .waits
+            .sort_by(|a, b| (&a.0, a.1).cmp(&(&b.0, b.1)));
         for stalled in self.keys.heads(|_, head| head.stalled()) {
             let behind = stalled.first.input.sequence;
             let (Some(&first), Some(&last)) = (stalled.waiting.first(), stalled.waiting.last())
@@ -970,6 +1049,13 @@ impl<S: OutputSink> Run<'_, S> {
                         self.summary.parked.push(error);
                         self.progress.finished(&input, false);
                     }
+                }
+                report
+            }
+            Done::Waiting(input, waiting, report) => {
+                let key = (input.key.clone(), input.sequence);
+                if let Some(pending) = self.tracker.pending.get_mut(&key) {
+                    pending.waiting = waiting;
                 }
                 report
             }

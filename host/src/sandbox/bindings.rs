@@ -1,11 +1,25 @@
-//! Generated bindings for the `rewind:action/action` world. Nothing hand-written lives here.
+//! Generated bindings for the `rewind:action/action` world, at each version the host runs:
+//! 0.2.0 (wit/action.wit) and 0.1.0 (wit/0.1.0/action.wit). Nothing hand-written lives here.
 
 wasmtime::component::bindgen!({
     path: "../wit",
     world: "rewind:action/action",
     imports: {
-        "rewind:action/durable.call": async | trappable,
+        "rewind:action/durable": async | trappable,
         default: trappable,
     },
     exports: { default: async },
 });
+
+/// The 0.1.0 world: components built before durable waits.
+pub mod v0_1 {
+    wasmtime::component::bindgen!({
+        path: "../wit/0.1.0",
+        world: "rewind:action/action",
+        imports: {
+            "rewind:action/durable.call": async | trappable,
+            default: trappable,
+        },
+        exports: { default: async },
+    });
+}

@@ -4,8 +4,12 @@ use wasmtime::Engine;
 use wasmtime::component::Component;
 use wasmtime::component::types::ComponentItem;
 
-/// The world's own interfaces, at the version this host implements.
-const WORLD_IMPORTS: [&str; 3] = [
+/// The world's own interfaces, at each version this host runs (a component imports one
+/// version's).
+const WORLD_IMPORTS: [&str; 6] = [
+    "rewind:action/types@0.2.0",
+    "rewind:action/durable@0.2.0",
+    "rewind:action/context@0.2.0",
     "rewind:action/types@0.1.0",
     "rewind:action/durable@0.1.0",
     "rewind:action/context@0.1.0",
@@ -51,8 +55,8 @@ pub fn check(engine: &Engine, component: &Component) -> CheckReport {
     for (name, _) in ty.imports(engine) {
         if !import_allowed(name) {
             report.problems.push(format!(
-                "imports `{name}`, which is neither part of the rewind:action@0.1.0 world nor \
-                 WASI 0.2 (cli, clocks, filesystem, io, random, sockets)"
+                "imports `{name}`, which is neither part of the rewind:action world (0.2.0 or \
+                 0.1.0) nor WASI 0.2 (cli, clocks, filesystem, io, random, sockets)"
             ));
         }
         report.imports.push(name.to_owned());
@@ -86,6 +90,7 @@ mod tests {
     #[test]
     fn world_and_wasi_p2_imports_are_allowed() {
         assert!(import_allowed("rewind:action/durable@0.1.0"));
+        assert!(import_allowed("rewind:action/durable@0.2.0"));
         assert!(import_allowed("wasi:cli/environment@0.2.6"));
         assert!(import_allowed("wasi:io/streams@0.2.0"));
     }
@@ -95,6 +100,6 @@ mod tests {
         assert!(!import_allowed("wasi:http/outgoing-handler@0.2.0"));
         assert!(!import_allowed("wasi:cli/environment@0.3.0"));
         assert!(!import_allowed("acme:evil/net@1.0.0"));
-        assert!(!import_allowed("rewind:action/durable@0.2.0"));
+        assert!(!import_allowed("rewind:action/durable@0.3.0"));
     }
 }

@@ -13,7 +13,7 @@ use super::limits::{Limit, Limits, MemoryCeiling};
 use super::wasi::GuestWasi;
 use crate::durable::{DurableCalls, Fault};
 use crate::event::Event;
-use crate::store::{MemoryWrite, StoreError};
+use crate::store::{MemoryWrite, StoreError, Wait};
 use crate::text;
 
 use super::running::RunningTime;
@@ -78,6 +78,10 @@ pub enum RunError {
     /// The host could not set up the run (a bug in the host, not in the action).
     #[error("the host could not set up the run: {0}")]
     Host(String),
+    /// The run stopped at a durable wait that is not over (recorded): not a failure. The
+    /// input runs again once the wait can be over.
+    #[error("the run waits {0}")]
+    Waiting(Wait),
 }
 
 impl From<Fault> for RunError {
@@ -138,7 +142,8 @@ pub(super) fn add_to_linker(
     linker: &mut wasmtime::component::Linker<RunState>,
 ) -> wasmtime::Result<()> {
     wasmtime_wasi::p2::add_to_linker_async(linker)?;
-    super::bindings::Action::add_to_linker::<_, HasSelf<RunState>>(linker, |state| state)
+    super::bindings::Action::add_to_linker::<_, HasSelf<RunState>>(linker, |state| state)?;
+    super::bindings::v0_1::Action::add_to_linker::<_, HasSelf<RunState>>(linker, |state| state)
 }
 
 pub(super) async fn run(engine: &Engine, pre: &ActionPre<RunState>, input: RunInput) -> RunOutput {

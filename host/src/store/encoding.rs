@@ -13,8 +13,10 @@
 //! - Version 3: read, no longer written. Version 2, then what the run read from its clocks
 //!   and the key of its random streams (`Ambient`): `wall [u64] | monotonic [u64] | key u8
 //!   (0, 1) | if 1: the key's 32 bytes`.
-//! - Version 4 (written): version 3, then the state's incarnation: `u8 (0, 1) | if 1: its
-//!   16 bytes`. A state read from an earlier version has none.
+//! - Version 4: read, no longer written. Version 3, then the state's incarnation: `u8 (0,
+//!   1) | if 1: its 16 bytes`. A state read from an earlier version has none.
+//! - Version 5 (written): version 4, and a call's outcome may be 3, waiting (a durable wait
+//!   not over yet), followed by its wait: `until u8 (0, 1) | if 1: u64 | signals [name]`.
 //!
 //! A fixture written by each version is kept in `host/tests/fixtures/` and read back by a
 //! test, so later versions prove they still read what earlier ones wrote.
@@ -22,19 +24,19 @@
 use super::MemoryWrite;
 use super::{
     ActionState, Ambient, CallOutcome, CallRecord, Completion, Digest, Incarnation, KeyScope,
-    RandomKey, StateKey, Version,
+    RandomKey, StateKey, Version, Wait,
 };
 use crate::event::Event;
 
 /// The encoding this build writes.
-pub const ENCODING: u8 = 4;
+pub const ENCODING: u8 = 5;
 
 /// Why bytes from the log are not a state.
 #[derive(Debug, thiserror::Error)]
 pub enum DecodeError {
     #[error("empty record")]
     Empty,
-    #[error("state encoding {0} is not one this build reads (it reads 1 to 4)")]
+    #[error("state encoding {0} is not one this build reads (it reads 1 to 5)")]
     UnknownEncoding(u8),
     #[error("encoding 1: {0}")]
     Json(#[from] serde_json::Error),
@@ -88,6 +90,20 @@ pub fn encode_as(state: &ActionState, version: Version) -> Result<Vec<u8>, Encod
                 out.0.push(2);
                 out.str("call error", error)?;
             }
+            CallOutcome::Waiting(wait) => {
+                out.0.push(3);
+                match wait.until {
+                    None => out.0.push(0),
+                    Some(until) => {
+                        out.0.push(1);
+                        out.u64(until);
+                    }
+                }
+                out.len("signal names", wait.signals.len())?;
+                for name in &wait.signals {
+                    out.str("signal name", name)?;
+                }
+            }
         }
     }
     match &state.completion {
@@ -136,7 +152,7 @@ pub fn decode(bytes: &[u8]) -> Result<ActionState, DecodeError> {
     match bytes.split_first() {
         None => Err(DecodeError::Empty),
         Some((1, rest)) => Ok(serde_json::from_slice(rest)?),
-        Some((&encoding @ 2..=4, _)) => decode_binary(&mut Reader {
+        Some((&encoding @ 2..=ENCODING, _)) => decode_binary(&mut Reader {
             bytes,
             at: 1,
             encoding,
@@ -169,7 +185,22 @@ fn decode_binary(r: &mut Reader<'_>) -> Result<ActionState, DecodeError> {
             0 => CallOutcome::Pending,
             1 => CallOutcome::Succeeded(r.string()?),
             2 => CallOutcome::Failed(r.string()?),
-            other => return Err(r.error(format!("call outcome {other} is not 0, 1 or 2"))),
+            3 if r.encoding >= 5 => {
+                let until = match r.u8()? {
+                    0 => None,
+                    1 => Some(r.u64()?),
+                    other => {
+                        return Err(r.error(format!("wait's until flag {other} is not 0 or 1")));
+                    }
+                };
+                let count = r.len()?;
+                let mut signals = Vec::with_capacity(count.min(64));
+                for _ in 0..count {
+                    signals.push(r.string()?);
+                }
+                CallOutcome::Waiting(Wait { until, signals })
+            }
+            other => return Err(r.error(format!("call outcome {other} is not one of 0 to 3"))),
         };
         calls.push(CallRecord {
             function,
@@ -350,7 +381,7 @@ mod tests {
     use crate::event::Event;
     use crate::store::{
         Ambient, CallOutcome, CallRecord, Completion, Digest, Incarnation, KeyScope, MemoryWrite,
-        RandomKey, StateKey,
+        RandomKey, StateKey, Wait,
     };
 
     fn fixture(encoding: u8) -> std::path::PathBuf {
@@ -367,6 +398,11 @@ mod tests {
         }
         if encoding < 4 {
             state.incarnation = None;
+        }
+        if encoding < 5 {
+            state
+                .calls
+                .retain(|call| !matches!(call.outcome, CallOutcome::Waiting(_)));
         }
         state
     }
@@ -394,6 +430,13 @@ mod tests {
                 ),
                 call("orders.lookup", CallOutcome::Failed("404".to_owned())),
                 call("payments.charge", CallOutcome::Pending),
+                call(
+                    "@signal",
+                    CallOutcome::Waiting(Wait {
+                        until: Some(1_796_086_400_000),
+                        signals: vec!["approve".to_owned(), "reject".to_owned()],
+                    }),
+                ),
             ],
             completion: Some(Completion {
                 sent: vec![Event::new("output", r#"{"reply":"ok"}"#)],
@@ -484,7 +527,7 @@ mod tests {
         bad[1 + 8 + 4] = 0xff;
         let message = decode(&bad).expect_err("bad UTF-8").to_string();
         assert!(
-            message.contains("encoding 4, at byte 13: a string that is not UTF-8"),
+            message.contains("encoding 5, at byte 13: a string that is not UTF-8"),
             "{message}"
         );
     }

@@ -19,7 +19,7 @@ pub use log::{DEFAULT_REFRESH_BATCH, LogStore, MarkerStrategy};
 pub use memory::InMemoryStore;
 pub use state::{
     ActionState, Ambient, BadIncarnation, CallOutcome, CallRecord, Completion, Digest, Incarnation,
-    KeyScope, MemoryWrite, RandomKey, StateKey, Version,
+    KeyScope, MemoryWrite, RandomKey, SIGNALS_ACTION, StateKey, Version, Wait, Waiting,
 };
 
 /// Where recovery starts reading the log: one offset per partition.

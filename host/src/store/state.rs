@@ -238,6 +238,10 @@ pub enum CallOutcome {
     Succeeded(String),
     /// The function ran and failed; replayed as the same failure.
     Failed(String),
+    /// A durable wait the run stopped at (a sleep, a wait for signals), not over yet: when
+    /// the input runs again, the wait is over once its time has come or a signal it waits
+    /// for was delivered, and its record then holds what it returned.
+    Waiting(Wait),
 }
 
 impl CallOutcome {
@@ -246,7 +250,73 @@ impl CallOutcome {
             Self::Pending => "pending",
             Self::Succeeded(_) => "succeeded",
             Self::Failed(_) => "failed",
+            Self::Waiting(_) => "waiting",
         }
+    }
+}
+
+/// A durable wait, as recorded when a run first reaches it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Wait {
+    /// When it ends without a signal, in milliseconds since the Unix epoch (a sleep's end,
+    /// a signal wait's timeout); `None`: only a signal ends it.
+    pub until: Option<u64>,
+    /// The names of the signals that end it; empty for a sleep.
+    pub signals: Vec<String>,
+}
+
+impl Wait {
+    /// When it ends without a signal, as RFC 3339 (UTC, milliseconds).
+    pub fn until_text(&self) -> Option<String> {
+        let until = self.until?;
+        let time = std::time::UNIX_EPOCH + std::time::Duration::from_millis(until);
+        Some(humantime::format_rfc3339_millis(time).to_string())
+    }
+}
+
+impl fmt::Display for Wait {
+    /// "for signal approve or reject until 2026-12-08T14:00:00.000Z", "until …".
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if !self.signals.is_empty() {
+            write!(f, "for signal {}", self.signals.join(" or "))?;
+        }
+        match self.until_text() {
+            Some(until) if self.signals.is_empty() => write!(f, "until {until}"),
+            Some(until) => write!(f, " until {until}"),
+            None => Ok(()),
+        }
+    }
+}
+
+/// The durable wait an input stopped at: the action that waits, and its wait.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Waiting {
+    pub action: String,
+    #[serde(flatten)]
+    pub wait: Wait,
+}
+
+/// The action name of an input's signal inbox: a state beside the input's action states
+/// (kept, marked and pruned as they are) whose records are the signals delivered to the
+/// input, in the order they came. Each record's `function` is the signal's name, its
+/// `idempotency_key` the client's id for it (a repeat of an id is dropped), its outcome
+/// `Succeeded(payload)`. No action can be named so: action names do not start with `@`.
+pub const SIGNALS_ACTION: &str = "@signals";
+
+impl StateKey {
+    /// The key of the signal inbox of input `sequence` of `scope`.
+    pub fn signals(scope: &KeyScope, sequence: u64) -> Self {
+        Self {
+            scope: scope.clone(),
+            sequence,
+            action: SIGNALS_ACTION.to_owned(),
+            trigger: Digest::of(&[SIGNALS_ACTION.as_bytes()]),
+        }
+    }
+
+    /// Whether this is the key of an input's signal inbox, not of an action's run.
+    pub fn is_signals(&self) -> bool {
+        self.action == SIGNALS_ACTION
     }
 }
 

@@ -21,6 +21,22 @@ function raise(message) {
   throw new RangeError(message);
 }
 
+// A step that is a durable wait (`sleep_ms`, `sleep_until_ms`, `await` with `timeout_ms`),
+// and what it returned; undefined for a call.
+function wait(ctx, step) {
+  if (step.sleep_ms !== undefined) {
+    ctx.sleep(step.sleep_ms);
+  } else if (step.sleep_until_ms !== undefined) {
+    ctx.sleepUntil(step.sleep_until_ms);
+  } else if (step.await !== undefined) {
+    const signal = ctx.awaitSignal(step.await, { timeoutMs: step.timeout_ms });
+    return signal === null ? { timed_out: true } : { signal: { name: signal.name, payload: signal.payload } };
+  } else {
+    return undefined;
+  }
+  return { slept: true };
+}
+
 function outcome(ctx, fn, args) {
   let text;
   try {
@@ -47,6 +63,11 @@ export const run = action((ctx, event) => {
 
   const results = [];
   for (const call of script.calls ?? []) {
+    const waited = wait(ctx, call);
+    if (waited !== undefined) {
+      results.push(waited);
+      continue;
+    }
     let args = call.args === undefined ? {} : call.args;
     if (script.stamp_calls && args !== null && typeof args === 'object' && !Array.isArray(args)) {
       args = { ...args, stamped_at: Date.now(), nonce: Math.floor(Math.random() * 2 ** 52) };

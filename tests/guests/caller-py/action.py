@@ -30,6 +30,24 @@ def _raise(message: str) -> None:
     raise ValueError(message)
 
 
+def _wait(ctx: rewind.Context, step: dict):
+    """The step's durable wait (``sleep_ms``, ``sleep_until_ms``, ``await`` with
+    ``timeout_ms``) and what it returned; ``None`` for a call."""
+    if "sleep_ms" in step:
+        ctx.sleep(step["sleep_ms"] / 1000)
+    elif "sleep_until_ms" in step:
+        ctx.sleep_until(step["sleep_until_ms"] / 1000)
+    elif "await" in step:
+        timeout = step.get("timeout_ms")
+        signal = ctx.await_signal(step["await"], None if timeout is None else timeout / 1000)
+        if signal is None:
+            return {"timed_out": True}
+        return {"signal": {"name": signal.name, "payload": signal.payload}}
+    else:
+        return None
+    return {"slept": True}
+
+
 def _outcome(ctx: rewind.Context, function: str, args: dict) -> dict:
     try:
         text = ctx.call_json(function, json.dumps(args))
@@ -54,6 +72,10 @@ class Caller(rewind.Action):
 
         results = []
         for call in script.get("calls", []):
+            waited = _wait(ctx, call)
+            if waited is not None:
+                results.append(waited)
+                continue
             args = call.get("args", {})
             if script.get("stamp_calls") and isinstance(args, dict):
                 args = dict(args, stamped_at=time.time_ns(), nonce=random.getrandbits(64))

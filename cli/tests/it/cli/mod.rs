@@ -3,13 +3,14 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use crate::support::{guest, guests_dir, workspace_root};
 
 mod formats;
 mod lock;
 mod parked;
+mod waits;
 
 pub(super) fn rewind(dir: &Path) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_rewind"));
@@ -42,6 +43,41 @@ pub(super) fn caller_agent(dir: &Path, extra: &str) -> PathBuf {
     )
 }
 
+/// A component built against `rewind:action@0.1.0`, before durable waits, still runs: its
+/// call is made, recorded, and served on a replay.
+#[test]
+fn a_component_of_the_world_before_waits_still_runs() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let agent = write(
+        dir.path(),
+        "agent.toml",
+        &format!(
+            "name = \"old\"\n[[actions]]\nname = \"work\"\ncomponent = {:?}\non = \
+             [\"input\"]\n[functions.clock]\nkind = \"time\"\n",
+            guest("v0_1").display().to_string()
+        ),
+    );
+    let input = write(
+        dir.path(),
+        "in.jsonl",
+        "{\"key\":\"k\",\"payload\":{\"function\":\"clock\"}}\n",
+    );
+    let out = run(dir.path(), &agent, &input);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let line: Value = serde_json::from_str(text(&out.stdout).trim()).expect("one output");
+    let output = &line["payload"];
+    assert_eq!(
+        (&output["key"], &output["sequence"]),
+        (&json!("k"), &json!(1))
+    );
+    assert!(output["result"]["unix_ms"].as_u64().is_some(), "{output}");
+    assert!(
+        text(&out.stderr).contains("calls: 1 made"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
 fn run(dir: &Path, agent: &Path, input: &Path) -> Output {
     rewind(dir)
         .arg("run")
@@ -67,7 +103,8 @@ fn malformed_input_lines_are_reported_by_line_number_and_the_run_goes_on() {
     assert!(stderr.contains("line 2"), "{stderr}");
     assert!(
         stderr.contains(
-            "2 accepted, 2 completed, 0 parked, 0 waiting behind a parked input, 1 malformed"
+            "2 accepted, 2 completed, 0 parked, 0 at a durable wait, 0 waiting behind an \
+             earlier input of their key, 1 malformed"
         ),
         "{stderr}"
     );
@@ -142,7 +179,12 @@ fn an_unreachable_function_url_stops_the_run_with_one_message() {
 #[test]
 fn check_says_whether_a_component_fits_the_world() {
     let dir = tempfile::tempdir().expect("tempdir");
-    for caller in ["caller", "caller_py", "caller_js"] {
+    for (caller, version) in [
+        ("caller", "0.2.0"),
+        ("caller_py", "0.2.0"),
+        ("caller_js", "0.2.0"),
+        ("v0_1", "0.1.0"),
+    ] {
         let ok = rewind(dir.path())
             .arg("check")
             .arg(guest(caller))
@@ -151,7 +193,8 @@ fn check_says_whether_a_component_fits_the_world() {
         assert!(ok.status.success(), "{caller}: {}", text(&ok.stderr));
         let stdout = text(&ok.stdout);
         assert!(
-            stdout.contains("rewind:action/durable@0.1.0") && stdout.contains("fits"),
+            stdout.contains(&format!("rewind:action/durable@{version}  [ok]"))
+                && stdout.contains("fits"),
             "{caller}: {stdout}"
         );
     }

@@ -70,8 +70,8 @@ fn blocked_behind_one_failure(blocked: usize) {
     assert!(keys.iter().all(|key| key != "k"), "{keys:?}");
     assert!(
         stderr.contains(&format!(
-            "{} accepted, 50 completed, 1 parked, {blocked} waiting behind a parked input, 0 \
-             malformed lines; 1 failed attempts retried",
+            "{} accepted, 50 completed, 1 parked, 0 at a durable wait, {blocked} waiting behind an \
+             earlier input of their key, 0 malformed lines; 1 failed attempts retried",
             blocked + 51
         )),
         "{stderr}"

@@ -496,6 +496,7 @@ mod run {
                 checkpointing: Some(&checkpointing),
                 resume: None,
                 commands: Some(&queue),
+                until_waits_end: false,
             };
             run_inputs(agent, stream, &mut sink, &(), options)
                 .await

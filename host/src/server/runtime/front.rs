@@ -13,7 +13,7 @@ use async_trait::async_trait;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 
 use super::Lifecycle;
-use crate::agent::{Agent, InputError, InputReport, Memory, WrittenIds};
+use crate::agent::{Agent, InputError, InputReport, Memory, Waiting, WrittenIds};
 use crate::event::OutputRecord;
 use crate::keys::{Ended, Ending, Front, HostFault, Next, Queued, Refusal};
 use crate::log::{Log, LogError, Offset};
@@ -559,6 +559,8 @@ impl Front for Tenant {
 
     async fn stopped(&self, _: &AgentKey, _: &Queued<Entry>, _: &HostFault) {}
 
+    async fn waiting(&self, _: &AgentKey, _: &Queued<Entry>, _: Option<&Waiting>, _: InputReport) {}
+
     async fn ended(
         &self,
         key: &AgentKey,
@@ -627,6 +629,7 @@ pub(super) fn summarize(states: &States, scope: &KeyScope, sequence: u64) -> Vec
                 .map(|(index, call)| {
                     let (status, error) = match &call.outcome {
                         CallOutcome::Pending => ("pending", None),
+                        CallOutcome::Waiting(_) => ("waiting", None),
                         CallOutcome::Succeeded(_) => ("succeeded", None),
                         CallOutcome::Failed(error) => ("failed", Some(text::outside_error(error))),
                     };

@@ -31,6 +31,11 @@
 //! }
 //! ```
 //!
+//! A step of `calls` may be a durable wait instead of a call: `{"sleep_ms": N}`,
+//! `{"sleep_until_ms": T}` (each reported as `{"slept": true}`), or `{"await": ["name"],
+//! "timeout_ms": N}` (`timeout_ms` optional), reported as `{"signal": {"name": ..,
+//! "payload": <JSON>}}` or `{"timed_out": true}`.
+//!
 //! A call's error is `{"failed": ..}`, `{"denied": ..}` or `{"unknown-function": ..}`; a
 //! result that is not JSON is reported as `{"not-json": "<text>"}`. Events of any kind are
 //! handled the same way, so a test can script a chain of actions.
@@ -46,7 +51,7 @@
 //! tests/guests/caller-py and caller-js run the same scripts.
 
 use std::collections::HashMap;
-use std::time::{Instant, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use rand::{Rng as _, SeedableRng as _};
 use rewind_guest::{Action, CallError, Context, Error, Event};
@@ -71,9 +76,15 @@ struct Script {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Call {
+    #[serde(default)]
     function: String,
     #[serde(default = "empty_object")]
     args: Value,
+    sleep_ms: Option<u64>,
+    sleep_until_ms: Option<u64>,
+    #[serde(rename = "await")]
+    await_signals: Option<Vec<String>>,
+    timeout_ms: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -104,6 +115,10 @@ impl Action for Caller {
 
         let mut results = Vec::with_capacity(script.calls.len());
         for call in &script.calls {
+            if let Some(waited) = wait(ctx, call) {
+                results.push(waited);
+                continue;
+            }
             let mut args = call.args.clone();
             if script.stamp_calls
                 && let Value::Object(fields) = &mut args
@@ -169,6 +184,28 @@ fn ambient() -> Value {
         "random": rng.random::<u64>().to_string(),
         "hash_order": order.keys().collect::<Vec<_>>(),
     })
+}
+
+/// The step's durable wait, if it is one, and what it returned.
+fn wait(ctx: &mut Context, call: &Call) -> Option<Value> {
+    if let Some(ms) = call.sleep_ms {
+        ctx.sleep(Duration::from_millis(ms));
+    } else if let Some(ms) = call.sleep_until_ms {
+        ctx.sleep_until(SystemTime::UNIX_EPOCH + Duration::from_millis(ms));
+    } else if let Some(names) = &call.await_signals {
+        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+        let timeout = call.timeout_ms.map(Duration::from_millis);
+        return Some(match ctx.await_signal(&names, timeout) {
+            Some(signal) => {
+                let payload: Value = signal.payload().unwrap_or(Value::Null);
+                json!({ "signal": { "name": signal.name, "payload": payload } })
+            }
+            None => json!({ "timed_out": true }),
+        });
+    } else {
+        return None;
+    }
+    Some(json!({ "slept": true }))
 }
 
 /// One call's result as the output reports it.

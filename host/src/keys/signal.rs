@@ -1,0 +1,91 @@
+//! Signals from outside, delivered to a key's input and waking it when it waits for one.
+
+use super::{Front, Keys, wake};
+use crate::agent::{Delivered, SignalError, SignalIn};
+
+impl<F: Front> Keys<F> {
+    /// Delivers `signal` to `key`'s input `sequence`, or without one to the key's first
+    /// unfinished input: into the input's inbox, durably (once per client id), where a wait
+    /// for its name takes it, now if the input waits for it, or when it reaches that wait.
+    /// A finished input, one the key never had, or a name no action declares is refused,
+    /// and the signal goes to no other input.
+    pub async fn signal(
+        &self,
+        key: &F::Key,
+        sequence: Option<u64>,
+        signal: &SignalIn,
+    ) -> Result<Delivered, SignalError> {
+        signal.check()?;
+        let target = {
+            let table = self.shared.lock();
+            let state = table.keys.get(key);
+            let queue = state.map(|state| &state.queue);
+            let found = match sequence {
+                None => queue.and_then(|queue| queue.front()),
+                Some(n) => queue.and_then(|queue| queue.iter().find(|q| q.input.sequence == n)),
+            };
+            match (found, sequence) {
+                (Some(queued), _) => queued.clone(),
+                (None, None) => {
+                    return Err(SignalError::NoInput {
+                        key: key.to_string(),
+                        name: signal.name.clone(),
+                    });
+                }
+                (None, Some(n)) if n >= 1 && state.is_some_and(|s| n < s.next_sequence) => {
+                    return Err(finished(key, n, signal));
+                }
+                (None, Some(n)) => {
+                    return Err(SignalError::NoSuchInput {
+                        key: key.to_string(),
+                        sequence: n,
+                    });
+                }
+            }
+        };
+        let sequence = target.input.sequence;
+        let agent = self
+            .shared
+            .front
+            .agent(key, &target)
+            .await
+            .map_err(|fault| SignalError::Host {
+                key: key.to_string(),
+                sequence,
+                name: signal.name.clone(),
+                message: fault.to_string(),
+            })?;
+        let delivered = {
+            let _one_at_a_time = self.shared.signals.lock().await;
+            agent.deliver(&target.input.key, sequence, signal).await?
+        };
+        // The input may have finished while the signal was recorded: then no wait of it
+        // takes the signal.
+        let unfinished = (self.shared.lock().keys.get(key))
+            .is_some_and(|state| state.queue.iter().any(|q| q.input.sequence == sequence));
+        if !unfinished {
+            return Err(finished(key, sequence, signal));
+        }
+        // A repeat changed nothing: the first one woke the input.
+        if !delivered.repeat {
+            tracing::info!(key = %key, sequence, signal = %signal.name, id = %signal.id,
+                "signal delivered");
+            wake(
+                &self.shared,
+                &self.spawner,
+                key,
+                sequence,
+                Some(&signal.name),
+            );
+        }
+        Ok(delivered)
+    }
+}
+
+fn finished(key: &impl std::fmt::Display, sequence: u64, signal: &SignalIn) -> SignalError {
+    SignalError::Finished {
+        key: key.to_string(),
+        sequence,
+        name: signal.name.clone(),
+    }
+}
