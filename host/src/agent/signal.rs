@@ -8,7 +8,9 @@ use serde::{Deserialize, Serialize};
 use super::{Agent, Waiting};
 use crate::durable::MAX_SIGNAL_NAME_BYTES;
 use crate::event::Event;
-use crate::store::{ActionState, CallOutcome, CallRecord, Digest, StateKey, StoreError};
+use crate::store::{
+    ActionState, ActionStateStore, CallOutcome, CallRecord, Digest, KeyScope, StateKey, StoreError,
+};
 
 /// The bytes of a signal's payload.
 pub const MAX_SIGNAL_PAYLOAD_BYTES: usize = 64 * 1024;
@@ -176,14 +178,22 @@ impl Agent {
     /// signal an earlier wait of the input took counts too: running the input again then
     /// only replays it to its wait.
     pub fn signal_came(&self, key: &str, sequence: u64, waiting: &Waiting) -> bool {
-        if waiting.wait.signals.is_empty() {
-            return false;
-        }
-        let inbox = self
-            .store
-            .get(&StateKey::signals(&self.scope(key), sequence));
-        inbox.is_some_and(|inbox| {
-            (inbox.calls.iter()).any(|call| waiting.wait.signals.contains(&call.function))
-        })
+        signal_came(&*self.store, &self.scope(key), sequence, waiting)
     }
+}
+
+/// [`Agent::signal_came`], in `store`, for input `sequence` of `scope`.
+pub fn signal_came(
+    store: &dyn ActionStateStore,
+    scope: &KeyScope,
+    sequence: u64,
+    waiting: &Waiting,
+) -> bool {
+    if waiting.wait.signals.is_empty() {
+        return false;
+    }
+    let inbox = store.get(&StateKey::signals(scope, sequence));
+    inbox.is_some_and(|inbox| {
+        (inbox.calls.iter()).any(|call| waiting.wait.signals.contains(&call.function))
+    })
 }

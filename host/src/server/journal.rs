@@ -6,7 +6,9 @@
 //! or cancelled by an operator) once its `finished` record is. An input parked after its
 //! last attempt has a `parked` record, and an operator's retry of it a `retried` one: a
 //! restart keeps it parked, or runs it. An operator's answer for a call of it in doubt has
-//! a `resolved` record, before the `retried` one that follows it. Partition [`OUTPUTS`] holds [`OutputRecord`]s; an output's position is its
+//! a `resolved` record, before the `retried` one that follows it. An input that stops at a
+//! durable wait has a `waiting` record with its wait, and one without when it runs again
+//! past it: a restart arms the wait rather than running the input. Partition [`OUTPUTS`] holds [`OutputRecord`]s; an output's position is its
 //! offset + 1, so reading "after position 0" reads them all. An input's outputs are written
 //! with (and before) its `finished` record; a crash between the two leaves outputs of an
 //! unfinished input, which recovery finds so that the rerun does not write them twice.
@@ -18,6 +20,7 @@ use serde_json::value::RawValue;
 
 use crate::event::{OutputId, OutputRecord};
 use crate::log::{Contents, Log, LogError, Offset, Record};
+use crate::store::Waiting;
 
 /// What a journal's `log.json` says its records are: their format is the one this build
 /// writes, and the newest it reads (journals written before it was named are format 1).
@@ -43,6 +46,19 @@ pub enum InputRecord {
     Parked(Parked),
     Retried(Retried),
     Resolved(Resolved),
+    Waiting(WaitRecord),
+}
+
+/// An input stopped at a durable wait (`wait`), or ran again past one (`wait` absent).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct WaitRecord {
+    pub agent: String,
+    pub key: String,
+    pub sequence: u64,
+    pub event_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wait: Option<Waiting>,
+    pub at: u64,
 }
 
 /// An event accepted for a key: it becomes that key's `sequence`-th input.

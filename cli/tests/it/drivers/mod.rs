@@ -70,6 +70,9 @@ pub trait Driver: Send {
     async fn cancel(&mut self, key: &str, sequence: u64);
     /// Returns once `key`'s input `sequence` is parked, as the front end shows it.
     async fn parked(&mut self, key: &str, sequence: u64);
+    /// Sends signal `name` with `payload` to `key`'s input `sequence` (which waits for it,
+    /// or will), as its users do, once the front end has the input.
+    async fn signal(&mut self, key: &str, sequence: u64, name: &str, payload: Value);
     /// Starts a service where `flaky` posts: its calls answer from now on (a `gated` one
     /// only as the test opens its gate). It counts the requests that reach it.
     async fn bring_up(&mut self, gated: bool) -> Endpoint;
@@ -93,6 +96,9 @@ async fn up(at: std::net::SocketAddr, gated: bool) -> Endpoint {
 
 /// Every driver's agent's `[retry]`: two attempts, a millisecond apart.
 const RETRY: &str = "[retry]\nattempts = 2\ninitial-ms = 1\nmax-ms = 1\n";
+
+/// The signals every driver's action may wait for, in its `[[actions]]` entry.
+const SIGNALS: &str = "signals = [\"approve\", \"reject\"]\n";
 
 /// A port on loopback that nothing listens on (until [`Driver::bring_up`]).
 fn down_port() -> std::net::SocketAddr {
@@ -305,13 +311,58 @@ pub async fn ten_thousand_inputs_behind_a_parked_one_stall_no_other_key(driver: 
     );
 }
 
-/// Whether a command (a skip, a retry) was carried out; `false` when the input was not
-/// parked yet (its last attempt still being recorded), to be asked again; one refused for
-/// any other reason, or never carried out within [`PATIENCE`] of `started`, fails the test.
+/// Waits: an input at a durable wait holds only its key (its later inputs wait behind it,
+/// other keys go on, a sleep of another key ends on its own), and a signal it waits for
+/// ends its wait; the key then goes on, in order.
+pub async fn a_waiting_input_holds_only_its_key_until_its_signal_or_its_time(
+    driver: &mut dyn Driver,
+) {
+    driver
+        .submit(
+            "k",
+            json!({ "calls": [{ "await": ["approve", "reject"] }] }),
+        )
+        .await;
+    driver.submit("k", json!({})).await;
+    driver
+        .submit("t", json!({ "calls": [{ "sleep_ms": 200 }] }))
+        .await;
+    driver.submit("other", json!({})).await;
+    let outputs = driver.outputs(2).await;
+    assert!(
+        outputs.iter().all(|o| o.key != "k"),
+        "key k waits for its signal: {outputs:?}"
+    );
+    driver
+        .signal("k", 1, "approve", json!({ "by": "the suite" }))
+        .await;
+    let outputs = driver.outputs(4).await;
+    let of_k: Vec<&Seen> = outputs.iter().filter(|o| o.key == "k").collect();
+    assert_eq!(
+        of_k.iter().map(|o| o.sequence).collect::<Vec<_>>(),
+        [1, 2],
+        "{outputs:?}"
+    );
+    assert_eq!(
+        of_k[0].payload["results"],
+        json!([{ "signal": { "name": "approve", "payload": { "by": "the suite" } } }])
+    );
+    let slept = outputs.iter().find(|o| o.key == "t").expect("t's output");
+    assert_eq!(slept.payload["results"], json!([{ "slept": true }]));
+}
+
+/// Whether a command (a skip, a retry, a signal) was carried out; `false` when the input
+/// was not parked yet (its last attempt still being recorded) or, for a signal, not yet
+/// accepted, to be asked again; one refused for any other reason, or never carried out
+/// within [`PATIENCE`] of `started`, fails the test.
 fn carried_out(outcome: Outcome, started: Instant) -> bool {
     match outcome {
         Outcome::Applied { .. } => true,
-        Outcome::Refused { error } if error.contains("has no parked input") => {
+        Outcome::Refused { error }
+            if error.contains("has no parked input")
+                || error.contains("has no unfinished input")
+                || error.contains("has no input #") =>
+        {
             assert!(started.elapsed() < PATIENCE, "never parked: {error}");
             false
         }
@@ -348,6 +399,15 @@ where
     }
 }
 
+/// A signal as an operator's command leaves it (for `rewind run` and a cluster).
+fn signal_verb(name: &str, payload: &Value) -> Verb {
+    Verb::Signal {
+        name: name.to_owned(),
+        payload: payload.to_string(),
+        signal_id: String::new(),
+    }
+}
+
 /// One test per behaviour, for the driver `make` (an async fn giving a `Box<dyn Driver>`).
 macro_rules! driver_conformance_tests {
     ($make:path) => {
@@ -380,6 +440,15 @@ macro_rules! driver_conformance_tests {
         async fn a_failed_input_is_retried_with_its_calls_served_from_records_then_parked() {
             let (mut driver, _guard) = $make().await;
             $crate::drivers::a_failed_input_is_retried_with_its_calls_served_from_records_then_parked(
+                &mut *driver,
+            )
+            .await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_waiting_input_holds_only_its_key_until_its_signal_or_its_time() {
+            let (mut driver, _guard) = $make().await;
+            $crate::drivers::a_waiting_input_holds_only_its_key_until_its_signal_or_its_time(
                 &mut *driver,
             )
             .await;
@@ -468,7 +537,7 @@ mod run {
     pub async fn make() -> (Box<dyn Driver>, tempfile::TempDir) {
         let state = tempfile::tempdir().expect("tempdir");
         let down = down_port();
-        let toml = agent_toml("caller", "", &format!("{RETRY}{}", flaky(down)));
+        let toml = agent_toml("caller", "", &format!("{SIGNALS}{RETRY}{}", flaky(down)));
         let agent = Arc::new(agent_with(&toml, memory_store(), &[]));
         let checkpoints = Arc::new(FileCheckpoints::new(state.path().join("checkpoints")));
         let commands = CommandDir::of(state.path());
@@ -554,6 +623,11 @@ mod run {
         async fn cancel(&mut self, key: &str, sequence: u64) {
             let reason = "the suite cancels it".to_owned();
             self.command(key, sequence, Verb::Cancel { reason }).await;
+        }
+
+        async fn signal(&mut self, key: &str, sequence: u64, name: &str, payload: Value) {
+            let verb = signal_verb(name, &payload);
+            self.command(key, sequence, verb).await;
         }
 
         /// Once a checkpoint (every 20 ms) holds it parked.
@@ -656,7 +730,7 @@ mod serve {
                 &token,
                 "bot",
                 "caller",
-                &format!("{RETRY}{}", flaky(down)),
+                &format!("{SIGNALS}{RETRY}{}", flaky(down)),
             )
             .await;
         let driver = ServeDriver {
@@ -699,6 +773,15 @@ mod serve {
 
         async fn cancel(&mut self, key: &str, sequence: u64) {
             self.command(key, sequence, "cancel").await;
+        }
+
+        async fn signal(&mut self, key: &str, sequence: u64, name: &str, payload: Value) {
+            let path =
+                format!("/v1/tenants/acme/agents/bot/keys/{key}/inputs/{sequence}/signals/{name}");
+            let request = self.server.client.post(self.server.url(&path));
+            let body = json!({ "payload": payload, "id": format!("suite-{key}-{sequence}") });
+            let (status, body) = crate::serve::send(request.json(&body), Some(&self.token)).await;
+            assert_eq!(status, reqwest::StatusCode::OK, "{body}");
         }
 
         /// Once the key's history shows it parked.
@@ -801,7 +884,7 @@ mod cluster {
             dir.path().join("agent.toml"),
             format!(
                 "name = \"billing\"\n\n[state]\ncheckpoint-every-ms = 100\n\n{RETRY}\n\
-                 [[actions]]\nname = \"work\"\ncomponent = {:?}\non = [\"input\"]\n{}",
+                 [[actions]]\nname = \"work\"\ncomponent = {:?}\non = [\"input\"]\n{SIGNALS}{}",
                 guest("caller").display().to_string(),
                 flaky(down)
             ),
@@ -861,6 +944,11 @@ mod cluster {
         async fn cancel(&mut self, key: &str, sequence: u64) {
             let reason = "the suite cancels it".to_owned();
             self.command(key, sequence, Verb::Cancel { reason }).await;
+        }
+
+        async fn signal(&mut self, key: &str, sequence: u64, name: &str, payload: Value) {
+            let verb = signal_verb(name, &payload);
+            self.command(key, sequence, verb).await;
         }
 
         /// Once the host's log says so: it logs a park once the park is recorded.

@@ -13,6 +13,7 @@ mod quotas;
 mod restart;
 mod tls;
 mod uploads;
+mod waits;
 mod wedge;
 mod writers;
 

@@ -18,7 +18,7 @@ async fn every_route_in_the_openapi_document_answers_as_it_documents() {
     .await;
     let acme = server.tenant("acme").await;
     let slow = format!(
-        "[functions.slow]\nkind = \"http\"\nurl = \"http://{addr}/\"\ntimeout-ms = 100\n\
+        "signals = [\"worker\"]\n[functions.slow]\nkind = \"http\"\nurl = \"http://{addr}/\"\ntimeout-ms = 100\n\
          retries = 0\nin-doubt = \"fail\"\n"
     );
     server.deploy("acme", &acme, "bot", "caller", &slow).await;
@@ -40,6 +40,10 @@ async fn every_route_in_the_openapi_document_answers_as_it_documents() {
         .await;
     assert_eq!(status, StatusCode::ACCEPTED);
     server.settled_history("acme", &acme, "bot", "v").await;
+    // An input that waits for two signals, to send them to (key w).
+    let waits = json!({ "calls": [{ "await": ["worker"] }, { "await": ["worker"] }] });
+    let (status, _) = server.submit("acme", &acme, "bot", "w", "w", waits).await;
+    assert_eq!(status, StatusCode::ACCEPTED);
     // A token to revoke.
     let (status, spare) = super::send(
         server.client.post(server.url("/v1/tenants/acme/tokens")),
@@ -92,7 +96,11 @@ async fn every_route_in_the_openapi_document_answers_as_it_documents() {
                     request.json(&json!({ "reason": "the test says so" })),
                     acme.as_str(),
                 ),
-                ("POST", path) if path.ends_with("/retry") || path.ends_with("/cancel") => {
+                ("POST", path)
+                    if path.ends_with("/retry")
+                        || path.ends_with("/cancel")
+                        || path.ends_with("/signals/{name}") =>
+                {
                     (request, acme.as_str())
                 }
                 ("POST", path) if path.ends_with("/resolve") => (
@@ -126,7 +134,7 @@ async fn every_route_in_the_openapi_document_answers_as_it_documents() {
             exercised += 1;
         }
     }
-    assert_eq!(exercised, 19, "every route of the API is in the document");
+    assert_eq!(exercised, 21, "every route of the API is in the document");
 }
 
 /// The key a route's `{key}` stands for: one with a parked input for a retry, a skip, a
@@ -140,6 +148,8 @@ fn command_key(path: &str) -> &'static str {
         "v"
     } else if path.ends_with("/cancel") {
         "c"
+    } else if path.ends_with("/signals/{name}") {
+        "w"
     } else {
         "k"
     }

@@ -117,6 +117,15 @@ pub(super) struct SequencePath {
 #[derive(Debug, IntoParams)]
 #[into_params(parameter_in = Path)]
 #[allow(dead_code)] // Only its description is used.
+pub(super) struct SignalPath {
+    /// The signal's name: one an action of the agent declares (`signals` in agent.toml).
+    #[param(min_length = 1, max_length = 128)]
+    name: String,
+}
+
+#[derive(Debug, IntoParams)]
+#[into_params(parameter_in = Path)]
+#[allow(dead_code)] // Only its description is used.
 pub(super) struct CallPath {
     /// The call's index in its action's run, from 0 (a key's history lists them).
     #[param(minimum = 0, maximum = 4_294_967_295_i64)]

@@ -125,12 +125,14 @@ pub(super) enum HeadStatus {
     Retrying,
     Parked,
     Stopped,
+    Waiting,
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 pub(super) struct InputsQuery {
-    /// `parked` (the default), `retrying`, `running` or `stopped`.
+    /// `parked` (the default), `retrying`, `running`, `stopped` or `waiting` (at a durable
+    /// wait).
     #[param(inline)]
     status: Option<HeadStatus>,
 }
@@ -164,6 +166,7 @@ pub(super) async fn list_inputs(
         HeadStatus::Retrying => InputStatus::Retrying,
         HeadStatus::Parked => InputStatus::Parked,
         HeadStatus::Stopped => InputStatus::Stopped,
+        HeadStatus::Waiting => InputStatus::Waiting,
     };
     let inputs = runtime.inputs(&agent, status);
     Ok(Json(InputList { agent, inputs }))

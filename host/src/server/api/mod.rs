@@ -8,6 +8,7 @@ mod components;
 mod events;
 mod extract;
 mod inputs;
+mod signals;
 mod tenants;
 
 use std::sync::Arc;
@@ -74,6 +75,8 @@ fn routes() -> (Router<Arc<ServerState>>, utoipa::openapi::OpenApi) {
         .routes(routes!(inputs::skip_input))
         .routes(routes!(inputs::resolve_call))
         .routes(routes!(inputs::cancel_input))
+        .routes(routes!(signals::signal_key))
+        .routes(routes!(signals::signal_input))
         .split_for_parts()
 }
 

@@ -21,7 +21,7 @@ use crate::server::agents::{Builder, Version, Versions};
 use crate::server::config::TenantPolicy;
 use crate::server::journal::{
     self, ActionSummary, CallSummary, Finished, FinishedStatus, INPUTS, InputRecord, OUTPUTS,
-    Parked, Retried,
+    Parked, Retried, WaitRecord,
 };
 use crate::server::quota::{PerMinute, QuotaExceeded};
 use crate::server::states::States;
@@ -559,7 +559,34 @@ impl Front for Tenant {
 
     async fn stopped(&self, _: &AgentKey, _: &Queued<Entry>, _: &HostFault) {}
 
-    async fn waiting(&self, _: &AgentKey, _: &Queued<Entry>, _: Option<&Waiting>, _: InputReport) {}
+    /// In the journal, so that a restart arms the wait again rather than running the input
+    /// (a record lost to a crash only costs a replay to the same wait).
+    async fn waiting(
+        &self,
+        key: &AgentKey,
+        queued: &Queued<Entry>,
+        wait: Option<&Waiting>,
+        _: InputReport,
+    ) {
+        let sequence = queued.input.sequence;
+        let record = InputRecord::Waiting(WaitRecord {
+            agent: key.agent.clone(),
+            key: key.key.clone(),
+            sequence,
+            event_id: queued.extra.event_id.clone(),
+            wait: wait.cloned(),
+            at: journal::now_ms(),
+        });
+        let what = if wait.is_some() {
+            "the input's wait"
+        } else {
+            "the end of the input's wait"
+        };
+        // On failure the tenant stops (logged), as for a park.
+        let _ = self
+            .append_input(key, sequence, what, record.encode())
+            .await;
+    }
 
     async fn ended(
         &self,

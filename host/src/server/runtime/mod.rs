@@ -28,13 +28,14 @@ use super::journal::{
 };
 use super::quota::{PerMinute, QuotaExceeded};
 use super::states::{StateError, States};
+use crate::agent::{Delivered, SignalError, SignalIn, signal_came};
 use crate::durable::{self, Answer};
 use crate::event::{Input, OutputId, OutputRecord};
 use crate::keys::{Cancelling, CommandError, Head, HostFault, Keys, Queued};
 use crate::log::{FileLog, FileLogOptions, Log, LogError, Recovery};
 use crate::sandbox::Sandbox;
 use crate::state_dir::{StateDirError, incarnation_of};
-use crate::store::{ActionStateStore, KeyScope, StoreError};
+use crate::store::{ActionStateStore, KeyScope, StoreError, Waiting};
 
 /// Why a tenant's runtime could not be opened.
 #[derive(Debug, thiserror::Error)]
@@ -156,6 +157,9 @@ pub enum InputStatus {
     /// A host fault (its version cannot be loaded, the journal failed a write) stopped its
     /// key until the server is restarted; it is not finished.
     Stopped,
+    /// It stopped at a durable wait (a sleep, a wait for signals): it runs again, from its
+    /// records, when its time comes or a signal it waits for is delivered.
+    Waiting,
     /// Its run completed, and its outputs and memory are recorded.
     Done,
     /// An operator skipped it: its key went on without it; nothing it did was applied.
@@ -245,6 +249,9 @@ pub struct HistoryEntry {
     /// While it runs or retries: which attempt; parked: how many were made.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub attempts: Option<u32>,
+    /// Waiting: its wait.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub wait: Option<WaitView>,
     /// Skipped or cancelled: who did, and why.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub by: Option<String>,
@@ -296,8 +303,25 @@ pub struct HeadInput {
     pub error: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub attempts: Option<u32>,
+    /// Waiting: its wait.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub wait: Option<WaitView>,
     /// The key's later inputs, waiting behind it.
     pub waiting: u64,
+}
+
+/// A durable wait an input stopped at, as the API shows it.
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
+pub struct WaitView {
+    /// The action that waits.
+    pub action: String,
+    /// When it ends without a signal, in milliseconds since the Unix epoch (absent: only a
+    /// signal ends it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub until: Option<u64>,
+    /// The signals that end it (none: a sleep).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub signals: Vec<String>,
 }
 
 /// Why an operator's retry or skip was refused.
@@ -527,6 +551,7 @@ impl TenantRuntime {
         }
         let pending = folded.pending;
         let mut parked = folded.parked;
+        let mut waiting = folded.waiting;
         ledger.in_flight = pending.len() as u64;
         *tenant.ledger() = ledger;
         for (key, next, memory) in keys {
@@ -537,16 +562,31 @@ impl TenantRuntime {
                 "resuming inputs that had not finished");
         }
         for ((key, sequence), queued) in pending {
-            match parked.remove(&(key.clone(), sequence)) {
-                Some((attempts, error)) => {
+            let input = (key.clone(), sequence);
+            match (parked.remove(&input), waiting.remove(&input)) {
+                (Some((attempts, error)), _) => {
                     self.keys.restore_parked(key, queued, attempts, error);
                 }
-                None => {
+                // Unless a signal it waits for came as the server stopped: it runs now.
+                (None, Some(wait)) if !self.signal_came(&key, sequence, &wait) => {
+                    self.keys.restore_waiting(key, queued, wait);
+                }
+                (None, _) => {
                     self.keys.push(key, queued);
                 }
             }
         }
         Ok(())
+    }
+
+    /// Whether a signal `wait` waits for is in the inbox of input `sequence` of `key`; when
+    /// its agent's state is not open, it is taken as come (the input runs, to its wait).
+    fn signal_came(&self, key: &AgentKey, sequence: u64, wait: &Waiting) -> bool {
+        let scope = KeyScope::new(&self.tenant.name, &key.agent, &key.key);
+        match self.tenant.states.get(&key.agent) {
+            Some(state) => signal_came(&*state.store, &scope, sequence, wait),
+            None => true,
+        }
     }
 
     pub fn name(&self) -> &str {
@@ -844,6 +884,7 @@ impl TenantRuntime {
                 status: InputStatus::Running,
                 error: None,
                 attempts: None,
+                wait: None,
                 by: None,
                 reason: None,
                 finished_at: None,
@@ -901,6 +942,7 @@ impl TenantRuntime {
                     // It runs on the version its last retry named.
                     Some(head) if head.first.input.sequence == sequence => {
                         entry.version = head.first.extra.version;
+                        entry.wait = head_wait(&head.head);
                         head_status(&head.head, sequence).unwrap_or(accepted)
                     }
                     Some(head) if head.waiting.contains(&sequence) => accepted,
@@ -932,6 +974,7 @@ impl TenantRuntime {
                     status,
                     error,
                     attempts,
+                    wait: head_wait(&head.head),
                     waiting: head.waiting.len() as u64,
                 })
             })
@@ -1066,6 +1109,19 @@ impl TenantRuntime {
     /// Cancels `key`'s first unfinished input (`sequence`, when given, must be it): ended at
     /// once when parked, else at its next durable call (which is not made); `by` and `why`
     /// are recorded with it.
+    /// Delivers `signal` to `key`'s input `sequence`, or to its first unfinished one
+    /// (`Keys::signal`).
+    pub async fn signal(
+        &self,
+        agent: &str,
+        key: &str,
+        sequence: Option<u64>,
+        signal: &SignalIn,
+    ) -> Result<Delivered, SignalError> {
+        let key = AgentKey::new(agent, key);
+        self.keys.signal(&key, sequence, signal).await
+    }
+
     pub async fn cancel(
         &self,
         agent: &str,
@@ -1112,6 +1168,21 @@ fn head_status(head: &Head, sequence: u64) -> Option<(InputStatus, Option<String
         Head::Stopped { sequence: s, fault } if *s == sequence => {
             Some((InputStatus::Stopped, Some(fault.clone()), None))
         }
+        Head::Waiting { sequence: s, .. } if *s == sequence => {
+            Some((InputStatus::Waiting, None, None))
+        }
+        _ => None,
+    }
+}
+
+/// The wait of a key's first input, when it is at one.
+fn head_wait(head: &Head) -> Option<WaitView> {
+    match head {
+        Head::Waiting { waiting, .. } => Some(WaitView {
+            action: waiting.action.clone(),
+            until: waiting.wait.until,
+            signals: waiting.wait.signals.clone(),
+        }),
         _ => None,
     }
 }

@@ -24,6 +24,7 @@ use crate::keys::Queued;
 use crate::log::{Log, Offset};
 use crate::private;
 use crate::server::journal::{self, INPUTS, InputRecord, JournalError, OUTPUTS, OutputPlace};
+use crate::store::Waiting;
 use crate::version::{self, FormatError, Versioned};
 
 /// The format of `snapshot.json` this build writes, and the newest it reads.
@@ -51,6 +52,8 @@ pub(super) struct Folded {
     pub keys: HashMap<AgentKey, FoldedKey>,
     pub pending: BTreeMap<(AgentKey, u64), Queued<Entry>>,
     pub parked: HashMap<(AgentKey, u64), (u32, String)>,
+    /// Inputs at a durable wait, with it.
+    pub waiting: HashMap<(AgentKey, u64), Waiting>,
     /// Of inputs accepted under a sequence already handed out: (agent, event id).
     pub damaged_events: HashSet<(String, String)>,
     /// The outputs written by inputs not finished, by input: their indexes.
@@ -159,6 +162,7 @@ impl Folded {
                 state.last_finished = Some(finished.sequence);
                 let input = (key, finished.sequence);
                 self.parked.remove(&input);
+                self.waiting.remove(&input);
                 self.written.remove(&input);
                 self.pending.remove(&input);
             }
@@ -166,6 +170,17 @@ impl Folded {
                 let key = AgentKey::new(&record.agent, &record.key);
                 self.parked
                     .insert((key, record.sequence), (record.attempts, record.error));
+            }
+            InputRecord::Waiting(record) => {
+                let input = (AgentKey::new(&record.agent, &record.key), record.sequence);
+                match record.wait {
+                    Some(wait) if self.pending.contains_key(&input) => {
+                        self.waiting.insert(input, wait);
+                    }
+                    _ => {
+                        self.waiting.remove(&input);
+                    }
+                }
             }
             InputRecord::Resolved(record) => {
                 let key = AgentKey::new(&record.agent, &record.key);
@@ -180,6 +195,7 @@ impl Folded {
                 }
                 let input = (key, record.sequence);
                 self.parked.remove(&input);
+                self.waiting.remove(&input);
                 if let Some(queued) = self.pending.get_mut(&input) {
                     queued.extra.version = record.version;
                 }
@@ -322,6 +338,9 @@ struct Stored {
     pending: Vec<StoredInput>,
     /// (agent, key, sequence, attempts, error).
     parked: Vec<(String, String, u64, u32, String)>,
+    /// (agent, key, sequence, wait); absent in snapshots of builds before waits.
+    #[serde(default)]
+    waiting: Vec<(String, String, u64, Waiting)>,
     damaged_events: Vec<(String, String)>,
     /// (agent, key, sequence, output indexes).
     written: Vec<(String, String, u64, Vec<u32>)>,
@@ -407,6 +426,12 @@ impl From<&Folded> for Stored {
             })
             .collect();
         parked.sort();
+        let mut waiting: Vec<_> = (folded.waiting.iter())
+            .map(|((id, sequence), wait)| {
+                (id.agent.clone(), id.key.clone(), *sequence, wait.clone())
+            })
+            .collect();
+        waiting.sort_by(|a, b| (&a.0, &a.1, a.2).cmp(&(&b.0, &b.1, b.2)));
         let mut damaged_events: Vec<_> = folded.damaged_events.iter().cloned().collect();
         damaged_events.sort();
         Self {
@@ -427,6 +452,7 @@ impl From<&Folded> for Stored {
                 })
                 .collect(),
             parked,
+            waiting,
             damaged_events,
             written: folded
                 .written
@@ -506,6 +532,9 @@ impl From<Stored> for Folded {
                 .map(|(agent, key, sequence, attempts, error)| {
                     ((AgentKey::new(&agent, &key), sequence), (attempts, error))
                 })
+                .collect(),
+            waiting: (stored.waiting.into_iter())
+                .map(|(agent, key, sequence, wait)| ((AgentKey::new(&agent, &key), sequence), wait))
                 .collect(),
             damaged_events: stored.damaged_events.into_iter().collect(),
             written: stored
