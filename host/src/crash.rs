@@ -34,6 +34,10 @@ pub enum CrashPoint {
     AfterCall,
     /// The call's record is durable; the guest has not seen the result.
     AfterRecord,
+    /// A durable wait is recorded as waiting; the run has not stopped at it.
+    AtWait,
+    /// What ended a durable wait is recorded; the guest has not seen it.
+    AtWake,
     /// A `refresh` checkpoint re-appended one batch of cached states, durably, and has
     /// more to go or has not yet returned its marker.
     CheckpointRefresh,
@@ -47,10 +51,12 @@ pub enum CrashPoint {
 }
 
 impl CrashPoint {
-    pub const ALL: [CrashPoint; 7] = [
+    pub const ALL: [CrashPoint; 9] = [
         CrashPoint::BeforeCall,
         CrashPoint::AfterCall,
         CrashPoint::AfterRecord,
+        CrashPoint::AtWait,
+        CrashPoint::AtWake,
         CrashPoint::CheckpointRefresh,
         CrashPoint::CheckpointSave,
         CrashPoint::CheckpointSaved,
@@ -62,6 +68,8 @@ impl CrashPoint {
             CrashPoint::BeforeCall => "before-call",
             CrashPoint::AfterCall => "after-call",
             CrashPoint::AfterRecord => "after-record",
+            CrashPoint::AtWait => "at-wait",
+            CrashPoint::AtWake => "at-wake",
             CrashPoint::CheckpointRefresh => "checkpoint-refresh",
             CrashPoint::CheckpointSave => "checkpoint-save",
             CrashPoint::CheckpointSaved => "checkpoint-saved",

@@ -635,12 +635,14 @@ impl DurableCalls {
             if first {
                 self.record(index, request, digest, CallOutcome::Waiting(wait.clone()))
                     .await?;
+                crash::reached(CrashPoint::AtWait);
             }
             return Ok(Err(wait));
         };
         // Not counted as a call made: nothing left the sandbox.
         self.record(index, request, digest, CallOutcome::Succeeded(woke.json()))
             .await?;
+        crash::reached(CrashPoint::AtWake);
         self.next += 1;
         Ok(Ok(woke.signal()))
     }

@@ -7,6 +7,7 @@ use serde_json::{Value, json};
 
 use crate::support::{guest, guests_dir, workspace_root};
 
+mod approval;
 mod formats;
 mod lock;
 mod parked;

@@ -21,9 +21,14 @@ use crate::kill::rewind_run;
 use crate::remote::{Remote, serve};
 use crate::support::guest;
 
-/// The inputs the behaviour gives, all of one key: each charges twice and carries the key's
-/// memory on, so a crash point is reached up to twelve times per call boundary.
+/// The inputs the behaviour gives, all of one key: each charges twice, sleeping between
+/// (durably, [`SLEEP_MS`]; the clock read before and after), and carries the key's memory
+/// on, so a crash point is reached up to 24 times per call boundary (12 of them charges),
+/// and six per wait and wake.
 const INPUTS: u64 = 6;
+
+/// How long each input sleeps between its charges.
+const SLEEP_MS: u64 = 50;
 
 /// A front end run as its own process: killed at a crash point and started again.
 #[async_trait]
@@ -38,15 +43,20 @@ pub trait Restarted: Send {
     async fn recovered(&mut self, n: usize) -> Vec<Seen>;
 }
 
-/// How often a call may reach the remote again after a kill at `point`, with one input in
+/// How often a call may reach the remote again after a kill at `crash`, with one input in
 /// flight: `(at least, at most)`.
-fn repeats(point: CrashPoint) -> (u64, u64) {
-    match point {
+fn repeats(crash: Crash) -> (u64, u64) {
+    match crash.point {
         // No call is between its request and its record: none is made again.
-        CrashPoint::BeforeCall | CrashPoint::AfterRecord => (0, 0),
+        CrashPoint::BeforeCall
+        | CrashPoint::AfterRecord
+        | CrashPoint::AtWait
+        | CrashPoint::AtWake => (0, 0),
         // The call reached the remote and its record was not written: it is made again,
-        // once, under the same idempotency key.
-        CrashPoint::AfterCall => (1, 1),
+        // once, under the same idempotency key. (Of each input's four calls, the first and
+        // the last charge; the two between read the clock.)
+        CrashPoint::AfterCall if matches!((crash.nth - 1) % 4, 0 | 3) => (1, 1),
+        CrashPoint::AfterCall => (0, 0),
         // A checkpoint or a log write: the one input in flight may be inside a call.
         CrashPoint::CheckpointRefresh
         | CrashPoint::CheckpointSave
@@ -69,6 +79,9 @@ pub async fn a_kill_at_a_crash_point_loses_no_input_and_repeats_no_recorded_call
             let payload = json!({
                 "calls": [
                     { "function": "charge", "args": { "input": i, "part": 1 } },
+                    { "function": "clock" },
+                    { "sleep_ms": SLEEP_MS },
+                    { "function": "clock" },
                     { "function": "charge", "args": { "input": i, "part": 2 } },
                 ],
                 "memory_get": ["n"],
@@ -92,20 +105,32 @@ pub async fn a_kill_at_a_crash_point_loses_no_input_and_repeats_no_recorded_call
         "killed at {crash}: each output once, in order"
     );
     for output in &outputs {
-        let results = output.payload["results"].as_array();
+        let results = output.payload["results"].as_array().expect("results");
         assert!(
-            results.is_some_and(|r| r.len() == 2 && r.iter().all(|r| r["ok"].is_object())),
-            "killed at {crash}: both calls answered: {output:?}"
+            results.len() == 5
+                && [0, 1, 3, 4].iter().all(|&i| results[i]["ok"].is_object())
+                && results[2] == json!({ "slept": true }),
+            "killed at {crash}: every call answered, the sleep over: {output:?}"
+        );
+        // Read before the sleep (recorded, served after the kill) and after it.
+        let (before, after) = (&results[1]["ok"]["unix_ms"], &results[3]["ok"]["unix_ms"]);
+        let slept = after
+            .as_u64()
+            .unwrap_or(0)
+            .saturating_sub(before.as_u64().unwrap_or(0));
+        assert!(
+            slept >= SLEEP_MS,
+            "killed at {crash}: the sleep ended {slept} ms after it began, before its time"
         );
     }
-    // One effect per call: a call made again after the kill under a new key would be a
+    // One effect per charge: a charge made again after the kill under a new key would be a
     // thirteenth.
     assert_eq!(
         remote.keys().len() as u64,
         2 * INPUTS,
         "killed at {crash}: every call under one idempotency key"
     );
-    let (least, most) = repeats(crash.point);
+    let (least, most) = repeats(crash);
     let repeated = remote.repeats();
     assert!(
         (least..=most).contains(&repeated),
@@ -145,7 +170,9 @@ async fn charge() -> (Remote, String) {
 }
 
 fn function(url: &str) -> String {
-    format!("[functions.charge]\nkind = \"http\"\nurl = \"{url}\"\n")
+    format!(
+        "[functions.charge]\nkind = \"http\"\nurl = \"{url}\"\n[functions.clock]\nkind = \"time\"\n"
+    )
 }
 
 /// Fails the test unless `status` is a SIGKILL's (the process killed itself at `crash`).
@@ -201,7 +228,8 @@ mod run {
         fn command(&self) -> Command {
             let dir = self.dir.path();
             let mut command = rewind_run(dir, &dir.join("agent.toml"), &dir.join("inputs.jsonl"));
-            command.env_remove(rewind_host::crash::ENV);
+            // Until the inputs' sleeps are over too.
+            command.arg("--wait").env_remove(rewind_host::crash::ENV);
             command
         }
 
@@ -265,8 +293,11 @@ mod run {
     fn nth(point: CrashPoint) -> u64 {
         match point {
             CrashPoint::BeforeCall => 5,
-            CrashPoint::AfterCall => 6,
-            CrashPoint::AfterRecord => 7,
+            // Input 2's second charge.
+            CrashPoint::AfterCall => 8,
+            CrashPoint::AfterRecord => 9,
+            CrashPoint::AtWait => 4,
+            CrashPoint::AtWake => 4,
             CrashPoint::CheckpointRefresh => 1,
             CrashPoint::CheckpointSave => 2,
             CrashPoint::CheckpointSaved => 2,
@@ -402,10 +433,12 @@ mod serve {
 
     /// The points `serve` reaches in the behaviour, each with a time it surely reaches it:
     /// the calls, and its logs' writes (the journal's and the state log's).
-    const POINTS: [(CrashPoint, u64); 4] = [
-        (CrashPoint::BeforeCall, 12),
-        (CrashPoint::AfterCall, 12),
-        (CrashPoint::AfterRecord, 12),
+    const POINTS: [(CrashPoint, u64); 6] = [
+        (CrashPoint::BeforeCall, 24),
+        (CrashPoint::AfterCall, 24),
+        (CrashPoint::AfterRecord, 24),
+        (CrashPoint::AtWait, 6),
+        (CrashPoint::AtWake, 6),
         (CrashPoint::TornWrite, 12),
     ];
 
@@ -488,10 +521,12 @@ mod cluster {
     }
 
     /// The points `cluster` reaches in the behaviour, each with a time it surely reaches it.
-    const POINTS: [(CrashPoint, u64); 5] = [
-        (CrashPoint::BeforeCall, 12),
-        (CrashPoint::AfterCall, 12),
-        (CrashPoint::AfterRecord, 12),
+    const POINTS: [(CrashPoint, u64); 7] = [
+        (CrashPoint::BeforeCall, 24),
+        (CrashPoint::AfterCall, 24),
+        (CrashPoint::AfterRecord, 24),
+        (CrashPoint::AtWait, 6),
+        (CrashPoint::AtWake, 6),
         (CrashPoint::CheckpointRefresh, 1),
         (CrashPoint::CheckpointSaved, 2),
     ];
