@@ -208,7 +208,9 @@ pub async fn inspect(args: InspectArgs) -> anyhow::Result<ExitCode> {
     for (scope, states) in &by_key {
         println!("{scope}");
         for state in states {
-            let status = if state.is_completed() {
+            let status = if state.key.is_signals() {
+                "signals delivered to the input"
+            } else if state.is_completed() {
                 "completed"
             } else {
                 "pending"

@@ -66,7 +66,10 @@ pub enum SignalError {
         sequence: u64,
         name: String,
     },
-    #[error("input #{sequence} of key {key} was sent {MAX_SIGNALS_PER_INPUT} signals already")]
+    #[error(
+        "input #{sequence} of key {key} holds as many signals as it can ({MAX_SIGNALS_PER_INPUT}, \
+         or what the state log takes in one record)"
+    )]
     Full { key: String, sequence: u64 },
     /// The input's agent cannot be loaded, or the store did not take the signal.
     #[error("signal `{name}` for {key} #{sequence} not recorded: {message}")]
@@ -161,15 +164,24 @@ impl Agent {
             idempotency_key: signal.id.clone(),
             outcome: CallOutcome::Succeeded(signal.payload.clone()),
         });
-        self.store
-            .put(&inbox)
-            .await
-            .map_err(|error: StoreError| SignalError::Host {
-                key: key.to_owned(),
-                sequence,
-                name: signal.name.clone(),
-                message: error.to_string(),
-            })?;
+        match self.store.put(&inbox).await {
+            Ok(_) => {}
+            // Its signals take more than the log holds in one record: full.
+            Err(StoreError::TooLarge { .. }) => {
+                return Err(SignalError::Full {
+                    key: key.to_owned(),
+                    sequence,
+                });
+            }
+            Err(error) => {
+                return Err(SignalError::Host {
+                    key: key.to_owned(),
+                    sequence,
+                    name: signal.name.clone(),
+                    message: error.to_string(),
+                });
+            }
+        }
         Ok(delivered(false))
     }
 

@@ -295,7 +295,17 @@ struct KeyState<X> {
     wake: bool,
     /// The first input was woken from a wait: its front end hears of it before it runs.
     woken: bool,
+    /// When the timer of the first input's wait is armed for (taken out of the timer table
+    /// as the input leaves its wait, so that none is left behind).
+    armed: Option<u64>,
+    /// The ids of the signals delivered to the key's inputs lately, with the input each went
+    /// to (the newest [`RECENT_SIGNALS`]): a signal sent again after its input finished is
+    /// known by its id, not delivered to the next input.
+    signals: VecDeque<(String, u64)>,
 }
+
+/// Signal ids a key remembers (see `KeyState::signals`).
+const RECENT_SIGNALS: usize = 256;
 
 impl<X> Default for KeyState<X> {
     fn default() -> Self {
@@ -311,6 +321,8 @@ impl<X> Default for KeyState<X> {
             claimed: false,
             wake: false,
             woken: false,
+            armed: None,
+            signals: VecDeque::new(),
         }
     }
 }
@@ -350,7 +362,25 @@ impl<K: KeyId, X> Table<K, X> {
             (true, false) => self.stalled -= state.queue.len(),
             _ => {}
         }
+        let left_wait =
+            matches!(state.head, Head::Waiting { .. }) && !matches!(head, Head::Waiting { .. });
         state.head = head;
+        if left_wait {
+            self.disarm(key);
+        }
+    }
+
+    /// Takes `key`'s armed timer (if any) out of the timer table.
+    fn disarm(&mut self, key: &K) {
+        let Some(until) = self.keys.get_mut(key).and_then(|state| state.armed.take()) else {
+            return;
+        };
+        if let Some(due) = self.timers.get_mut(&until) {
+            due.retain(|(k, _)| k != key);
+            if due.is_empty() {
+                self.timers.remove(&until);
+            }
+        }
     }
 
     /// `key`'s parked input (`sequence`, when given, must be it), or with `waits` its
@@ -394,8 +424,13 @@ impl<F: Front> Shared<F> {
         self.table.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Arms the timer of `key`'s input `sequence`, which waits until `until`.
+    /// Arms the timer of `key`'s input `sequence`, which waits until `until` (the key's
+    /// timer armed before, if any, taken out).
     fn arm(&self, table: &mut Table<F::Key, F::Extra>, key: &F::Key, sequence: u64, until: u64) {
+        table.disarm(key);
+        if let Some(state) = table.keys.get_mut(key) {
+            state.armed = Some(until);
+        }
         let earliest = table
             .timers
             .keys()
@@ -524,6 +559,11 @@ impl<F: Front> Keys<F> {
     pub fn restore_waiting(&self, key: F::Key, queued: Queued<F::Extra>, waiting: Waiting) {
         let sequence = queued.input.sequence;
         let until = waiting.wait.until;
+        // Its time came while nothing ran it: it runs now.
+        if until.is_some_and(|until| until <= unix_ms(SystemTime::now())) {
+            self.push(key, queued);
+            return;
+        }
         if self.restore_stalled(key.clone(), queued, Head::Waiting { sequence, waiting })
             && let Some(until) = until
         {
@@ -602,6 +642,18 @@ impl<F: Front> Keys<F> {
                 _ => None,
             })
             .collect()
+    }
+
+    /// Whether a key's first input is at a durable wait whose time has come (its timer
+    /// about to wake it).
+    pub fn waits_due(&self) -> bool {
+        let now = unix_ms(SystemTime::now());
+        let table = self.shared.lock();
+        table
+            .timers
+            .keys()
+            .next()
+            .is_some_and(|&first| first <= now)
     }
 
     /// Keys whose first input is at a durable wait.
@@ -869,9 +921,25 @@ impl<F: Front> Keys<F> {
 
     /// Lets go of a command's claim: the input stays parked as it was.
     fn release(&self, key: &F::Key) {
-        if let Some(state) = self.shared.lock().keys.get_mut(key) {
+        let woken = {
+            let mut table = self.shared.lock();
+            let Some(state) = table.keys.get_mut(key) else {
+                return;
+            };
             state.working = false;
             state.claimed = false;
+            // A wait that came to its end while the command held the input: it runs now.
+            let woken = matches!(state.head, Head::Waiting { .. }) && state.wake;
+            if woken {
+                state.wake = false;
+                state.working = true;
+                state.woken = true;
+                table.set_head(key, Head::Idle);
+            }
+            woken
+        };
+        if woken {
+            self.spawn(key.clone());
         }
     }
 

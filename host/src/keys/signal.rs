@@ -1,7 +1,13 @@
 //! Signals from outside, delivered to a key's input and waking it when it waits for one.
 
-use super::{Front, Keys, wake};
+use super::{Front, Keys, RECENT_SIGNALS, wake};
 use crate::agent::{Delivered, SignalError, SignalIn};
+use crate::text;
+
+/// Whether `sequence` is the input asked for (any, when none was).
+fn sequence_fits(sequence: u64, asked: Option<u64>) -> bool {
+    asked.is_none_or(|asked| asked == sequence)
+}
 
 impl<F: Front> Keys<F> {
     /// Delivers `signal` to `key`'s input `sequence`, or without one to the key's first
@@ -12,13 +18,25 @@ impl<F: Front> Keys<F> {
     pub async fn signal(
         &self,
         key: &F::Key,
-        sequence: Option<u64>,
+        sequence_asked: Option<u64>,
         signal: &SignalIn,
     ) -> Result<Delivered, SignalError> {
+        let sequence = sequence_asked;
         signal.check()?;
         let target = {
             let table = self.shared.lock();
             let state = table.keys.get(key);
+            // Sent again, to the key: the input it went to the first time.
+            let sent = (state.map(|state| &state.signals))
+                .and_then(|signals| signals.iter().find(|(id, _)| *id == signal.id));
+            if let Some(&(_, sequence)) = sent
+                && sequence_fits(sequence, sequence_asked)
+            {
+                return Ok(Delivered {
+                    sequence,
+                    repeat: true,
+                });
+            }
             let queue = state.map(|state| &state.queue);
             let found = match sequence {
                 None => queue.and_then(|queue| queue.front()),
@@ -59,17 +77,21 @@ impl<F: Front> Keys<F> {
             let _one_at_a_time = self.shared.signals.lock().await;
             agent.deliver(&target.input.key, sequence, signal).await?
         };
-        // The input may have finished while the signal was recorded: then no wait of it
-        // takes the signal.
-        let unfinished = (self.shared.lock().keys.get(key))
-            .is_some_and(|state| state.queue.iter().any(|q| q.input.sequence == sequence));
-        if !unfinished {
-            return Err(finished(key, sequence, signal));
+        {
+            let mut table = self.shared.lock();
+            if let Some(state) = table.keys.get_mut(key) {
+                if state.signals.len() >= RECENT_SIGNALS {
+                    state.signals.pop_front();
+                }
+                state.signals.push_back((signal.id.clone(), sequence));
+            }
         }
+        // (The input may have finished as the signal was recorded: whether a wait of it took
+        // the signal, its outputs say; it is answered as delivered, and goes nowhere else.)
         // A repeat changed nothing: the first one woke the input.
         if !delivered.repeat {
-            tracing::info!(key = %key, sequence, signal = %signal.name, id = %signal.id,
-                "signal delivered");
+            tracing::info!(key = %key, sequence, signal = %signal.name,
+                id = %text::escaped(&signal.id), "signal delivered");
             wake(
                 &self.shared,
                 &self.spawner,

@@ -783,7 +783,12 @@ impl<S: OutputSink> Run<'_, S> {
     async fn finish(&mut self) -> std::io::Result<()> {
         // The core counts a key stalled as it decides the park, before this loop hears of
         // it: wait for that too, or the last checkpoint would miss the park.
-        while self.in_flight() > 0 || !self.stalls_heard() || self.waits_to_end() {
+        // A wait whose time has come is about to run again: the run waits for it too.
+        while self.in_flight() > 0
+            || !self.stalls_heard()
+            || self.waits_to_end()
+            || self.keys.waits_due()
+        {
             let due = self.checkpoint_time();
             let next = tokio::select! {
                 next = self.done_rx.recv() => next,

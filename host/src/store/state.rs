@@ -268,7 +268,14 @@ pub struct Wait {
 impl Wait {
     /// When it ends without a signal, as RFC 3339 (UTC, milliseconds).
     pub fn until_text(&self) -> Option<String> {
+        /// 9999-12-31T23:59:59.999Z: RFC 3339 has four digits for the year.
+        const LAST: u64 = 253_402_300_799_999;
         let until = self.until?;
+        if until > LAST {
+            return Some(format!(
+                "{until} ms after the Unix epoch (past the year 9999)"
+            ));
+        }
         let time = std::time::UNIX_EPOCH + std::time::Duration::from_millis(until);
         Some(humantime::format_rfc3339_millis(time).to_string())
     }

@@ -178,6 +178,14 @@ async fn signals_through_the_api_end_a_wait_once_and_are_refused_for_finished_in
         (StatusCode::CONFLICT, &json!("no-unfinished-input")),
         "{body}"
     );
+    // Sent again to the key after its input finished: known by its id, not a new signal.
+    let approval = json!({ "payload": { "by": "ana" }, "id": "approval-1" });
+    let (status, again) = signal(&server, &token, "k", "reject", Some(approval)).await;
+    assert_eq!(
+        (status, &again["repeat"], &again["sequence"]),
+        (StatusCode::OK, &json!(true), &json!(1)),
+        "{again}"
+    );
     let (status, body) = signal(&server, &token, "k/inputs/9", "approve", None).await;
     assert_eq!(
         (status, &body["code"]),

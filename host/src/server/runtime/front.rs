@@ -644,7 +644,8 @@ pub(super) fn summarize(states: &States, scope: &KeyScope, sequence: u64) -> Vec
         .store
         .states(scope)
         .into_iter()
-        .filter(|state| state.key.sequence == sequence)
+        // An input's signal inbox is not an action's run.
+        .filter(|state| state.key.sequence == sequence && !state.key.is_signals())
         .map(|state| ActionSummary {
             action: state.key.action.clone(),
             event: state.trigger.kind.clone(),
