@@ -74,11 +74,13 @@ pub async fn run(args: RunArgs, sandbox: Sandbox) -> anyhow::Result<ExitCode> {
             checkpoint.input_position
         );
     }
-    let agent = Arc::new(
-        Agent::builder(file, Arc::new(sandbox))
-            .store(recovered.store.clone())
-            .build()?,
-    );
+    let mut builder = Agent::builder(file, Arc::new(sandbox)).store(recovered.store.clone());
+    // A test hook (`rewind test`): durable waits end at once, in order.
+    if std::env::var_os(rewind_host::functions::SKIP_TIME_ENV).is_some() {
+        tracing::warn!("time skips: durable waits end at once");
+        builder = builder.clock(Arc::new(rewind_host::functions::SkippingClock::default()));
+    }
+    let agent = Arc::new(builder.build()?);
     if !args.no_preflight {
         preflight(&agent).await?;
     }

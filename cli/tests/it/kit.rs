@@ -199,3 +199,58 @@ async fn with_fail_a_crash_after_a_call_stops_the_run_naming_it() {
         after_call.table()
     );
 }
+
+/// `rewind test` skips time: an agent that sleeps a day and waits an hour for a signal
+/// nobody sends between its charges is tested in moments (each run would otherwise take a
+/// day and an hour per input), crashed at every wait and wake too, each case ending as the
+/// uninterrupted run did.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn time_skips_and_every_wait_and_wake_survives_a_crash() {
+    let mut kit = charging("retry", "offsets", "kit-waits");
+    let dir = kit.agent.parent().expect("the agent's dir").to_owned();
+    let toml = std::fs::read_to_string(&kit.agent)
+        .expect("agent.toml")
+        .replace(
+            "on = [\"input\"]\n",
+            "on = [\"input\"]\nsignals = [\"approve\"]\n",
+        );
+    std::fs::write(&kit.agent, toml).expect("agent.toml");
+    let lines: Vec<String> = (0..4)
+        .map(|i| {
+            json!({ "key": format!("k{}", i % 2), "payload": { "calls": [
+                { "function": "charge", "args": { "i": i, "part": 1 } },
+                { "sleep_ms": 86_400_000 },
+                { "await": ["approve"], "timeout_ms": 3_600_000 },
+                { "function": "charge", "args": { "i": i, "part": 2 } },
+            ] } })
+            .to_string()
+        })
+        .collect();
+    kit.input = dir.join("waits.jsonl");
+    std::fs::write(&kit.input, lines.join("\n")).expect("inputs");
+    let report = kit.run(&CrashAt::Every).await.expect("the kit runs");
+    assert_passed(
+        &report,
+        &[
+            CrashPoint::AtWait,
+            CrashPoint::AtWake,
+            CrashPoint::AfterCall,
+        ],
+    );
+    let reference = std::fs::read_to_string(kit.work.join("reference").join("out.jsonl"))
+        .expect("the uninterrupted run's outputs");
+    assert_eq!(
+        reference.lines().count(),
+        4,
+        "every input finished: {reference}"
+    );
+    for line in reference.lines() {
+        let output: serde_json::Value = serde_json::from_str(line).expect("an output");
+        let results = &output["payload"]["results"];
+        assert_eq!(
+            (&results[1], &results[2]),
+            (&json!({ "slept": true }), &json!({ "timed_out": true })),
+            "{output}"
+        );
+    }
+}

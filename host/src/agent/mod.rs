@@ -179,6 +179,14 @@ impl Agent {
         self.retry
     }
 
+    /// The clock its waits (and `time` functions) read.
+    pub fn clock(&self) -> Arc<dyn crate::functions::Clock> {
+        self.policy
+            .clock
+            .clone()
+            .unwrap_or_else(|| Arc::new(crate::functions::SystemClock))
+    }
+
     pub fn store(&self) -> &Arc<dyn ActionStateStore> {
         &self.store
     }

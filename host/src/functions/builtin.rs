@@ -10,9 +10,55 @@ use rand::RngCore;
 
 use super::{CallRequest, Function, FunctionError};
 
-/// Where the `time` function reads the time. Injected, so tests can fix it.
+/// Where the `time` function and durable waits read the time. Injected, so tests can fix
+/// it.
 pub trait Clock: Send + Sync + fmt::Debug {
     fn now(&self) -> SystemTime;
+
+    /// Moves the time on to `time` at once, if this clock skips time (`rewind test`): a
+    /// timer due then fires now. `false` (the default): time passes as it does.
+    fn skip_to(&self, time: SystemTime) -> bool {
+        let _ = time;
+        false
+    }
+
+    /// Whether it skips time: every timer is as good as due.
+    fn skips(&self) -> bool {
+        false
+    }
+}
+
+/// The system's clock, moved on at once to each time a timer waits for: durable waits end
+/// at once, in the order of their times, and what reads the clock after one sees it past
+/// the wait. What `rewind test` runs agents on (`SKIP_TIME_ENV`).
+#[derive(Debug, Default)]
+pub struct SkippingClock {
+    /// How far it is ahead of the system's clock, in microseconds.
+    ahead_us: std::sync::atomic::AtomicU64,
+}
+
+/// Set (to anything) for `rewind run`: its agent runs on a [`SkippingClock`]. A test hook,
+/// honoured by `rewind run` and `rewind test` only.
+pub const SKIP_TIME_ENV: &str = "REWIND_SKIP_TIME";
+
+impl Clock for SkippingClock {
+    fn now(&self) -> SystemTime {
+        let ahead = self.ahead_us.load(std::sync::atomic::Ordering::Acquire);
+        SystemTime::now() + std::time::Duration::from_micros(ahead)
+    }
+
+    fn skip_to(&self, time: SystemTime) -> bool {
+        let ahead = time.duration_since(SystemTime::now()).unwrap_or_default();
+        let ahead = u64::try_from(ahead.as_micros()).unwrap_or(u64::MAX);
+        // Never back: of two skips at once, the later time wins.
+        self.ahead_us
+            .fetch_max(ahead, std::sync::atomic::Ordering::AcqRel);
+        true
+    }
+
+    fn skips(&self) -> bool {
+        true
+    }
 }
 
 /// The system's wall clock.

@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
-pub use builtin::{Clock, RandomFunction, SystemClock, TimeFunction};
+pub use builtin::{Clock, RandomFunction, SKIP_TIME_ENV, SkippingClock, SystemClock, TimeFunction};
 pub use hosts::AllowedHosts;
 pub use http::{DEFAULT_MAX_RESPONSE_BYTES, HttpConfig, HttpFunction, RetryPolicy};
 pub use openai::{OpenAiChatConfig, OpenAiChatFunction};

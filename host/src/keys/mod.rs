@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fmt;
 use std::hash::Hash;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use tokio::sync::Notify;
@@ -30,6 +30,7 @@ use crate::backoff::Backoff;
 pub use crate::checkpoint::Ended;
 use crate::durable::unix_ms;
 use crate::event::Input;
+use crate::functions::{Clock, SystemClock};
 use crate::text;
 
 /// Any error, as what an operator's command does first may fail with.
@@ -417,6 +418,15 @@ struct Shared<F: Front> {
     timers_changed: Notify,
     /// Signals are delivered one at a time: each is an inbox read, then written whole.
     signals: tokio::sync::Mutex<()>,
+    /// What the timers read the time from: the agents' clock.
+    clock: Arc<dyn Clock>,
+}
+
+impl<F: Front> Shared<F> {
+    /// Milliseconds since the Unix epoch, by the timers' clock.
+    fn now_ms(&self) -> u64 {
+        unix_ms(self.clock.now())
+    }
 }
 
 impl<F: Front> Shared<F> {
@@ -497,8 +507,18 @@ impl<F: Front> Keys<F> {
         Self::on(front, tokio::runtime::Handle::current())
     }
 
+    /// Keys whose inputs run on the current runtime, their timers read `clock` (the one
+    /// their agents' waits read; a clock that skips time fires every timer at once).
+    pub fn with_clock(front: Arc<F>, clock: Arc<dyn Clock>) -> Self {
+        Self::build(front, tokio::runtime::Handle::current(), clock)
+    }
+
     /// Keys whose inputs run on `runtime`.
     pub fn on(front: Arc<F>, runtime: tokio::runtime::Handle) -> Self {
+        Self::build(front, runtime, Arc::new(SystemClock))
+    }
+
+    fn build(front: Arc<F>, runtime: tokio::runtime::Handle, clock: Arc<dyn Clock>) -> Self {
         let shared = Arc::new(Shared {
             front,
             table: Mutex::new(Table {
@@ -508,6 +528,7 @@ impl<F: Front> Keys<F> {
             }),
             timers_changed: Notify::new(),
             signals: tokio::sync::Mutex::new(()),
+            clock,
         });
         let spawner = Arc::new(Spawner {
             workers: Mutex::new(JoinSet::new()),
@@ -560,7 +581,7 @@ impl<F: Front> Keys<F> {
         let sequence = queued.input.sequence;
         let until = waiting.wait.until;
         // Its time came while nothing ran it: it runs now.
-        if until.is_some_and(|until| until <= unix_ms(SystemTime::now())) {
+        if until.is_some_and(|until| until <= self.shared.now_ms()) {
             self.push(key, queued);
             return;
         }
@@ -645,15 +666,12 @@ impl<F: Front> Keys<F> {
     }
 
     /// Whether a key's first input is at a durable wait whose time has come (its timer
-    /// about to wake it).
+    /// about to wake it); on a clock that skips time, whether any timer is armed.
     pub fn waits_due(&self) -> bool {
-        let now = unix_ms(SystemTime::now());
+        let now = self.shared.now_ms();
+        let skips = self.shared.clock.skips();
         let table = self.shared.lock();
-        table
-            .timers
-            .keys()
-            .next()
-            .is_some_and(|&first| first <= now)
+        (table.timers.keys().next()).is_some_and(|&first| first <= now || skips)
     }
 
     /// Keys whose first input is at a durable wait.
@@ -957,8 +975,9 @@ async fn timers<F: Front>(shared: Arc<Shared<F>>, spawner: Arc<Spawner>) {
             shared.timers_changed.notified().await;
             continue;
         };
-        let now = unix_ms(SystemTime::now());
-        if at > now {
+        let now = shared.now_ms();
+        let skipped = at > now && shared.clock.skip_to(UNIX_EPOCH + Duration::from_millis(at));
+        if at > now && !skipped {
             tokio::select! {
                 () = shared.timers_changed.notified() => continue,
                 () = tokio::time::sleep(Duration::from_millis(at - now)) => {}
@@ -966,7 +985,7 @@ async fn timers<F: Front>(shared: Arc<Shared<F>>, spawner: Arc<Spawner>) {
         }
         let due = {
             let mut table = shared.lock();
-            let later = table.timers.split_off(&(unix_ms(SystemTime::now()) + 1));
+            let later = table.timers.split_off(&(shared.now_ms() + 1));
             std::mem::replace(&mut table.timers, later)
         };
         for (key, sequence) in due.into_values().flatten() {

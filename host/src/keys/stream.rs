@@ -251,7 +251,7 @@ pub async fn run_inputs<S: OutputSink>(
     };
     let mut run = Run {
         agent: Arc::clone(&agent),
-        keys: Keys::new(Arc::new(front)),
+        keys: Keys::with_clock(Arc::new(front), agent.clock()),
         done_rx,
         memory: HashMap::new(),
         tracker: Tracker::default(),
