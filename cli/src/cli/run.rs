@@ -107,6 +107,7 @@ pub async fn run(args: RunArgs, sandbox: Sandbox) -> anyhow::Result<ExitCode> {
         resume: recovered.latest.as_ref(),
         commands: Some(&commands),
         until_waits_end: args.wait,
+        end_when_held: !args.wait,
     };
     let lines = futures_util::stream::iter(input::read_lines(BufReader::new(reader)));
     let progress = Bar(bar.clone());
@@ -235,6 +236,15 @@ fn print_summary(summary: &Summary) {
     }
     if summary.waits.len() > 10 {
         eprintln!("at a wait: {} more inputs", summary.waits.len() - 10);
+    }
+    if let Some(line) = summary.held_at {
+        eprintln!(
+            "input: stopped reading after line {line}: the run holds as many inputs at a \
+             durable wait as it may ({} per unit of parallelism), and nothing else runs; the \
+             same command again goes on from line {}",
+            rewind_host::keys::HELD_PER_KEY_SLOT,
+            line + 1
+        );
     }
     if !summary.waits.is_empty() {
         let next = summary

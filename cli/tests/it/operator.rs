@@ -169,6 +169,7 @@ async fn run(
         resume: None,
         commands: Some(&commands),
         until_waits_end: false,
+        end_when_held: false,
     };
     let summary = run_inputs(agent, lines, &mut sink, &(), options)
         .await

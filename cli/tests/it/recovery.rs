@@ -132,6 +132,7 @@ async fn process_into_sink(
             resume: latest.as_ref(),
             commands: None,
             until_waits_end: false,
+            end_when_held: false,
         },
     )
     .await
@@ -387,6 +388,7 @@ async fn checkpoints_failing_in_a_row_stop_the_run_naming_the_cause() {
             resume: None,
             commands: None,
             until_waits_end: false,
+            end_when_held: false,
         },
     )
     .await

@@ -21,8 +21,8 @@ pub use config::{
 };
 pub use output::{JsonlSink, OutputSink, OutputWriter, WrittenIds};
 pub use signal::{
-    Delivered, MAX_SIGNAL_ID_BYTES, MAX_SIGNAL_PAYLOAD_BYTES, MAX_SIGNALS_PER_INPUT, SignalError,
-    SignalIn, signal_came,
+    Delivered, MAX_INBOX_BYTES, MAX_SIGNAL_ID_BYTES, MAX_SIGNAL_PAYLOAD_BYTES,
+    MAX_SIGNALS_PER_INPUT, SignalError, SignalIn, signal_came,
 };
 
 use crate::durable::digest::{input_trigger, sent_trigger};

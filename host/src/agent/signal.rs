@@ -18,6 +18,9 @@ pub const MAX_SIGNAL_PAYLOAD_BYTES: usize = 64 * 1024;
 pub const MAX_SIGNAL_ID_BYTES: usize = 128;
 /// Signals one input may be sent.
 pub const MAX_SIGNALS_PER_INPUT: usize = 1000;
+/// The bytes of the payloads one input's signals may carry in all: each signal rewrites
+/// the input's inbox whole, and a wait copies what it takes into its action's state.
+pub const MAX_INBOX_BYTES: usize = 1 << 20;
 
 /// A signal as a client sends it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -68,7 +71,7 @@ pub enum SignalError {
     },
     #[error(
         "input #{sequence} of key {key} holds as many signals as it can ({MAX_SIGNALS_PER_INPUT}, \
-         or what the state log takes in one record)"
+         {MAX_INBOX_BYTES} bytes of payloads, or what the state log takes in one record)"
     )]
     Full { key: String, sequence: u64 },
     /// The input's agent cannot be loaded, or the store did not take the signal.
@@ -152,7 +155,15 @@ impl Agent {
         {
             return Ok(delivered(true));
         }
-        if inbox.calls.len() >= MAX_SIGNALS_PER_INPUT {
+        let carried: usize = (inbox.calls.iter())
+            .map(|call| match &call.outcome {
+                CallOutcome::Succeeded(payload) => payload.len(),
+                _ => 0,
+            })
+            .sum();
+        if inbox.calls.len() >= MAX_SIGNALS_PER_INPUT
+            || carried + signal.payload.len() > MAX_INBOX_BYTES
+        {
             return Err(SignalError::Full {
                 key: key.to_owned(),
                 sequence,

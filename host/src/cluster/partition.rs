@@ -158,6 +158,7 @@ pub async fn run(
         resume: latest.as_ref(),
         commands: Some(&commands),
         until_waits_end: false,
+        end_when_held: false,
     };
     let summary = run_inputs(agent, Box::pin(lines), &mut sink, &(), options)
         .await

@@ -21,8 +21,8 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 pub use stream::{
-    CheckpointFailed, Checkpointing, CheckpointsFailing, FAILED_CHECKPOINTS_TO_STOP, Progress,
-    Retention, RunOptions, Summary, WaitingInputs, run_inputs,
+    CheckpointFailed, Checkpointing, CheckpointsFailing, FAILED_CHECKPOINTS_TO_STOP,
+    HELD_PER_KEY_SLOT, Progress, Retention, RunOptions, Summary, WaitingInputs, run_inputs,
 };
 
 use crate::agent::{Agent, InputError, InputReport, Memory, Waiting};
@@ -346,6 +346,8 @@ impl<X> KeyState<X> {
 struct Table<K, X> {
     keys: HashMap<K, KeyState<X>>,
     stalled: usize,
+    /// Keys whose first input is at a durable wait (kept as heads change).
+    waiting: usize,
     /// The waits with a time, by when it comes (milliseconds since the Unix epoch): the
     /// key and the sequence of the input that waits. One left behind (its input woke by a
     /// signal, or was cancelled) wakes nothing when its time comes.
@@ -363,8 +365,14 @@ impl<K: KeyId, X> Table<K, X> {
             (true, false) => self.stalled -= state.queue.len(),
             _ => {}
         }
-        let left_wait =
-            matches!(state.head, Head::Waiting { .. }) && !matches!(head, Head::Waiting { .. });
+        let leaves = matches!(state.head, Head::Waiting { .. });
+        let enters = matches!(head, Head::Waiting { .. });
+        match (leaves, enters) {
+            (false, true) => self.waiting += 1,
+            (true, false) => self.waiting -= 1,
+            _ => {}
+        }
+        let left_wait = leaves && !enters;
         state.head = head;
         if left_wait {
             self.disarm(key);
@@ -524,6 +532,7 @@ impl<F: Front> Keys<F> {
             table: Mutex::new(Table {
                 keys: HashMap::new(),
                 stalled: 0,
+                waiting: 0,
                 timers: BTreeMap::new(),
             }),
             timers_changed: Notify::new(),
@@ -676,10 +685,7 @@ impl<F: Front> Keys<F> {
 
     /// Keys whose first input is at a durable wait.
     pub fn waits(&self) -> usize {
-        let table = self.shared.lock();
-        (table.keys.values())
-            .filter(|state| matches!(state.head, Head::Waiting { .. }))
-            .count()
+        self.shared.lock().waiting
     }
 
     /// Every key with an unfinished input whose head `select` takes, with its first input.
@@ -946,8 +952,10 @@ impl<F: Front> Keys<F> {
             };
             state.working = false;
             state.claimed = false;
-            // A wait that came to its end while the command held the input: it runs now.
-            let woken = matches!(state.head, Head::Waiting { .. }) && state.wake;
+            // A wait that came to its end while the command held the input (it shows as
+            // running since): it runs now.
+            let woken =
+                state.wake && matches!(state.head, Head::Waiting { .. } | Head::Running { .. });
             if woken {
                 state.wake = false;
                 state.working = true;
@@ -983,13 +991,19 @@ async fn timers<F: Front>(shared: Arc<Shared<F>>, spawner: Arc<Spawner>) {
                 () = tokio::time::sleep(Duration::from_millis(at - now)) => {}
             }
         }
-        let due = {
+        // Taken out of the table and woken under one lock: no one sees a due timer gone
+        // while its input still waits (a run would end on it).
+        let start: Vec<F::Key> = {
             let mut table = shared.lock();
             let later = table.timers.split_off(&(shared.now_ms() + 1));
-            std::mem::replace(&mut table.timers, later)
+            let due = std::mem::replace(&mut table.timers, later);
+            (due.into_values().flatten())
+                .filter(|(key, sequence)| woken(&mut table, key, *sequence, None))
+                .map(|(key, _)| key)
+                .collect()
         };
-        for (key, sequence) in due.into_values().flatten() {
-            wake(&shared, &spawner, &key, sequence, None);
+        for key in start {
+            spawner.spawn(&shared, key);
         }
     }
 }
@@ -1004,35 +1018,53 @@ fn wake<F: Front>(
     sequence: u64,
     signal: Option<&str>,
 ) {
-    let start = {
-        let mut table = shared.lock();
-        let Some(state) = table.keys.get_mut(key) else {
-            return;
-        };
-        if state.queue.front().map(|q| q.input.sequence) != Some(sequence) {
-            return;
-        }
-        match &state.head {
-            Head::Waiting { waiting, .. }
-                if signal.is_some_and(|name| !waiting.wait.signals.iter().any(|s| s == name)) =>
-            {
-                false
-            }
-            Head::Waiting { .. } if !state.working => {
-                state.working = true;
-                state.woken = true;
-                table.set_head(key, Head::Idle);
-                true
-            }
-            Head::Idle | Head::Running { .. } | Head::Waiting { .. } => {
-                state.wake = true;
-                false
-            }
-            Head::Retrying { .. } | Head::Parked { .. } | Head::Stopped { .. } => false,
-        }
-    };
+    let start = woken(&mut shared.lock(), key, sequence, signal);
     if start {
         spawner.spawn(shared, key.clone());
+    }
+}
+
+/// [`wake`]'s change to the table: whether a worker is to start for `key`.
+fn woken<K: KeyId, X>(
+    table: &mut Table<K, X>,
+    key: &K,
+    sequence: u64,
+    signal: Option<&str>,
+) -> bool {
+    let Some(state) = table.keys.get_mut(key) else {
+        return false;
+    };
+    if state.queue.front().map(|q| q.input.sequence) != Some(sequence) {
+        return false;
+    }
+    match &state.head {
+        Head::Waiting { waiting, .. }
+            if signal.is_some_and(|name| !waiting.wait.signals.iter().any(|s| s == name)) =>
+        {
+            false
+        }
+        Head::Waiting { .. } if !state.working => {
+            state.working = true;
+            state.woken = true;
+            table.set_head(key, Head::Idle);
+            true
+        }
+        // Its wait is being recorded: it runs again once that is done, and counts as
+        // running from now on (a run that ended now would leave it behind).
+        Head::Waiting { sequence, .. } => {
+            let running = Head::Running {
+                sequence: *sequence,
+                attempt: 1,
+            };
+            state.wake = true;
+            table.set_head(key, running);
+            false
+        }
+        Head::Idle | Head::Running { .. } => {
+            state.wake = true;
+            false
+        }
+        Head::Retrying { .. } | Head::Parked { .. } | Head::Stopped { .. } => false,
     }
 }
 

@@ -74,6 +74,9 @@ pub struct Summary {
     /// Inputs stopped at a durable wait at the end (key, sequence, the wait): pending, run
     /// again by a later run once their time comes or a signal they wait for is delivered.
     pub waits: Vec<(String, u64, Waiting)>,
+    /// The line after which the run stopped reading, holding as many inputs at a wait as it
+    /// may and nothing else to run; the next run goes on from the next.
+    pub held_at: Option<u64>,
     pub elapsed: Duration,
 }
 
@@ -110,7 +113,8 @@ impl Summary {
 
     /// Whether every input accepted completed and every line was an input.
     pub fn all_completed(&self) -> bool {
-        self.parked.is_empty()
+        self.held_at.is_none()
+            && self.parked.is_empty()
             && self.waits.is_empty()
             && self.stopped.is_empty()
             && self.waiting.is_empty()
@@ -185,6 +189,10 @@ pub struct RunOptions<'a> {
     /// comes, its signal is delivered), rather than ending once only they and parked
     /// inputs are left.
     pub until_waits_end: bool,
+    /// Whether the run stops reading lines (and ends, its input position there) when it
+    /// holds [`HELD_PER_KEY_SLOT`] × `parallelism` inputs at a wait and nothing else runs;
+    /// otherwise (a stream) it waits for some to finish.
+    pub end_when_held: bool,
 }
 
 /// How often a run looks for operator commands.
@@ -211,6 +219,11 @@ pub const FAILED_CHECKPOINTS_TO_STOP: u32 = 5;
 /// Parked inputs, and those that wait behind one, do not count: a parked key must not stop
 /// the others.
 const IN_FLIGHT_PER_KEY_SLOT: usize = 64;
+
+/// Inputs a run holds at a durable wait at once, per unit of parallelism (they do not count
+/// against intake): past it, no line is read until some finish, so that a file of a million
+/// waits is not read into memory.
+pub const HELD_PER_KEY_SLOT: usize = 1024;
 
 /// Processes `lines` through `agent`, writing outputs to `sink` as inputs complete.
 ///
@@ -283,9 +296,23 @@ pub async fn run_inputs<S: OutputSink>(
     run.retry_parked().await;
     let skip_to = run.tracker.position;
     let max_in_flight = agent.parallelism() * IN_FLIGHT_PER_KEY_SLOT;
+    let max_held = agent.parallelism() * HELD_PER_KEY_SLOT;
     let mut lines = lines;
     loop {
-        let intake = run.in_flight() < max_in_flight;
+        let held = run.keys.waits() >= max_held;
+        let intake = run.in_flight() < max_in_flight && !held;
+        // Everything held waits for something outside the run (an operator, a signal, a
+        // time): a run that ends when only such inputs are left stops reading here, and the
+        // next one goes on from this line.
+        if held && run.in_flight() == 0 && options.end_when_held && run.stalls_heard() {
+            run.summary.held_at = Some(run.tracker.position);
+            tracing::warn!(
+                held = max_held,
+                line = run.tracker.position,
+                "stopped reading input: the run holds as many inputs at a wait as it may"
+            );
+            break;
+        }
         let due = run.checkpoint_time();
         let next = tokio::select! {
             biased;

@@ -358,3 +358,106 @@ fn a_signal_to_a_running_state_wakes_its_wait_and_one_sent_early_is_kept_for_it(
         json!([{ "slept": true }, { "signal": { "name": "approve", "payload": null } }])
     );
 }
+
+/// A run holds at most `parallelism` × 1,024 inputs at a wait: with that many it stops
+/// reading (a file of a million approvals is not read into memory), ends, and the next run
+/// goes on from the next line as waits end. (It reads on while inputs run toward their
+/// waits: up to 64 per unit of parallelism more.)
+#[test]
+fn a_run_full_of_waits_stops_reading_and_the_next_goes_on_from_there() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let agent = agent(dir.path(), "caller");
+    let toml = std::fs::read_to_string(&agent).expect("agent.toml");
+    std::fs::write(&agent, format!("parallelism = 1\n{toml}")).expect("agent.toml");
+    let waits: Vec<(String, Value)> = (0..1300)
+        .map(|i| {
+            (
+                format!("k{i}"),
+                json!({ "calls": [{ "await": ["approve"] }] }),
+            )
+        })
+        .collect();
+    let waits: Vec<(&str, Value)> = waits.iter().map(|(k, p)| (k.as_str(), p.clone())).collect();
+    let input = write(dir.path(), "in.jsonl", &lines(&waits));
+
+    let stopped_at = |said: &str| -> u64 {
+        let at = said.split("stopped reading after line ").nth(1);
+        let at = at.and_then(|rest| rest.split(':').next()?.parse().ok());
+        at.unwrap_or_else(|| panic!("it did not stop reading: {said}"))
+    };
+    let first = run(dir.path(), &agent, &input, &[]);
+    let said = text(&first.stderr);
+    assert_eq!(first.status.code(), Some(WAITS_PENDING), "{said}");
+    let line = stopped_at(&said);
+    assert!((1024..=1024 + 64).contains(&line), "{said}");
+    assert!(
+        said.contains(&format!("{line} accepted, 0 completed")),
+        "{said}"
+    );
+
+    // Below the bound again: the next run reads on, up to it.
+    let ended = line - 1023;
+    for k in 0..ended {
+        let sent = signal(dir.path(), &format!("k{k}"), &["--name", "approve"], false);
+        assert!(sent.status.success(), "{}", text(&sent.stderr));
+    }
+    let second = run(dir.path(), &agent, &input, &[]);
+    let said = text(&second.stderr);
+    assert_eq!(second.status.code(), Some(WAITS_PENDING), "{said}");
+    assert!(said.contains(&format!("{ended} completed")), "{said}");
+    let next = stopped_at(&said);
+    assert!(
+        next > line && next <= line + 65,
+        "{line} then {next}: {said}"
+    );
+    assert_eq!(outputs(dir.path()).len() as u64, ended);
+}
+
+/// An input's inbox takes each signal once per id, up to its byte budget; another input's
+/// inbox is its own; a name no action declares is refused.
+#[tokio::test]
+async fn an_inbox_takes_signals_once_per_id_up_to_its_byte_budget() {
+    use rewind_host::agent::{MAX_INBOX_BYTES, SignalError, SignalIn};
+
+    let toml = crate::support::agent_toml("caller", "", "signals = [\"approve\"]\n");
+    let agent = crate::support::agent_with(&toml, crate::support::memory_store(), &[]);
+    let signal = |id: usize, payload: &str| SignalIn {
+        name: "approve".to_owned(),
+        payload: payload.to_owned(),
+        id: format!("s{id}"),
+    };
+    let big = format!("\"{}\"", "x".repeat(60 * 1024));
+    let first = agent
+        .deliver("k", 1, &signal(0, &big))
+        .await
+        .expect("taken");
+    assert!(!first.repeat);
+    let again = agent
+        .deliver("k", 1, &signal(0, &big))
+        .await
+        .expect("taken");
+    assert!(again.repeat, "one id, one signal");
+    let mut n = 1;
+    let refused = loop {
+        match agent.deliver("k", 1, &signal(n, &big)).await {
+            Ok(_) => n += 1,
+            Err(error) => break error,
+        }
+    };
+    assert!(matches!(refused, SignalError::Full { .. }), "{refused}");
+    assert_eq!(n, MAX_INBOX_BYTES / big.len(), "as many as fit");
+    let other = agent.deliver("k", 2, &signal(n, &big)).await;
+    assert!(other.is_ok(), "another input's inbox is its own: {other:?}");
+    let undeclared = SignalIn {
+        name: "reject".to_owned(),
+        ..signal(99, "{}")
+    };
+    let error = agent
+        .deliver("k", 1, &undeclared)
+        .await
+        .expect_err("refused");
+    assert!(
+        error.to_string().contains("declares signal `reject`"),
+        "{error}"
+    );
+}

@@ -566,6 +566,7 @@ mod run {
                 resume: None,
                 commands: Some(&queue),
                 until_waits_end: false,
+                end_when_held: false,
             };
             run_inputs(agent, stream, &mut sink, &(), options)
                 .await
