@@ -14,6 +14,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use async_trait::async_trait;
 use rewind_host::agent::{Agent, InputError, InputReport, Memory, Waiting};
 use rewind_host::checkpoint::{Checkpoint, CheckpointStore, FileCheckpoints, PendingInput};
+use rewind_host::durable::unix_ms;
 use rewind_host::event::Input;
 use rewind_host::keys::{Ending, Front, HostFault, Keys, Next, Queued, Refusal};
 use rewind_host::store::{Marker, Wait};
@@ -67,11 +68,6 @@ impl Front for Stopwatch {
     async fn retried(&self, _: &u64, _: &Queued<()>, _: &str) -> Result<(), HostFault> {
         Ok(())
     }
-}
-
-fn unix_ms(time: SystemTime) -> u64 {
-    time.duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// The process's resident memory, in bytes.

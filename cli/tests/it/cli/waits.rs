@@ -461,3 +461,45 @@ async fn an_inbox_takes_signals_once_per_id_up_to_its_byte_budget() {
         "{error}"
     );
 }
+
+/// An operator cancels an input at a wait: it is finished as cancelled at once (nothing it
+/// did applied), and its key's next input runs.
+#[test]
+fn a_waiting_input_is_cancelled_and_its_key_goes_on() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let agent = agent(dir.path(), "caller");
+    let input = write(
+        dir.path(),
+        "in.jsonl",
+        &lines(&[
+            (
+                "k",
+                json!({ "calls": [{ "await": ["approve"] }], "memory_set": { "n": 1 } }),
+            ),
+            ("k", json!({ "memory_get": ["n"] })),
+        ]),
+    );
+    let first = run(dir.path(), &agent, &input, &[]);
+    assert_eq!(
+        first.status.code(),
+        Some(WAITS_PENDING),
+        "{}",
+        text(&first.stderr)
+    );
+    let cancel = rewind(dir.path())
+        .args(["cancel", "--key", "k", "--reason", "nobody will approve it"])
+        .output()
+        .expect("rewind cancel runs");
+    assert!(cancel.status.success(), "{}", text(&cancel.stderr));
+    let second = run(dir.path(), &agent, &input, &[]);
+    let said = text(&second.stderr);
+    assert_eq!(second.status.code(), Some(0), "{said}");
+    assert!(said.contains("operator: cancel of key k by"), "{said}");
+    let written = outputs(dir.path());
+    assert_eq!(written.len(), 1, "only #2 gave an output: {written:#?}");
+    assert_eq!(
+        output_of(&written, "k", 2)["memory"],
+        json!({ "n": null }),
+        "the cancelled input's memory write was not applied"
+    );
+}
