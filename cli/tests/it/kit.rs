@@ -205,8 +205,6 @@ async fn with_fail_a_crash_after_a_call_stops_the_run_naming_it() {
 /// day and an hour per input), crashed at every wait and wake too, each case ending as the
 /// uninterrupted run did.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "a known defect, being fixed (#24's note): about one run in three, a case's \
-            restarted `rewind run` ends with an input still at a wait on the skipping clock"]
 async fn time_skips_and_every_wait_and_wake_survives_a_crash() {
     let mut kit = charging("retry", "offsets", "kit-waits");
     let dir = kit.agent.parent().expect("the agent's dir").to_owned();

@@ -419,6 +419,21 @@ impl<K: KeyId, X> Table<K, X> {
     }
 }
 
+/// Where a front end's inputs stand at one moment ([`Keys::standing`]).
+#[derive(Clone, Copy, Debug)]
+pub struct Standing {
+    /// Inputs that wait for someone outside their key: parked, stopped or waiting ones,
+    /// and those queued behind them.
+    pub stalled: usize,
+    /// Keys whose first input is at a durable wait (its wait recorded, or being recorded).
+    pub waits: usize,
+    /// Whether the front end has heard of every stalled key's park, wait or stop.
+    pub stalls_heard: bool,
+    /// Whether a wait's time has come (its timer about to wake it); on a clock that skips
+    /// time, whether any timer is armed.
+    pub waits_due: bool,
+}
+
 struct Shared<F: Front> {
     front: Arc<F>,
     table: Mutex<Table<F::Key, F::Extra>>,
@@ -654,38 +669,23 @@ impl<F: Front> Keys<F> {
         false
     }
 
-    /// Inputs that wait for someone outside their key: parked or stopped ones, and those
-    /// queued behind them.
-    pub fn stalled(&self) -> usize {
-        self.shared.lock().stalled
-    }
-
-    /// Every key whose first input is at a durable wait (its wait recorded, or being
-    /// recorded): the key, the input's sequence, and its wait.
-    pub fn waiting(&self) -> Vec<(F::Key, u64, Waiting)> {
-        let table = self.shared.lock();
-        (table.keys.iter())
-            .filter_map(|(key, state)| match &state.head {
-                Head::Waiting { sequence, waiting } => {
-                    Some((key.clone(), *sequence, waiting.clone()))
-                }
-                _ => None,
-            })
-            .collect()
-    }
-
-    /// Whether a key's first input is at a durable wait whose time has come (its timer
-    /// about to wake it); on a clock that skips time, whether any timer is armed.
-    pub fn waits_due(&self) -> bool {
+    /// Where the inputs stand, read at one moment (under one lock): a front end that ends
+    /// when nothing is left to run decides on this, since separate reads could each miss a
+    /// wait that a timer woke between them. `heard` says whether the front end has
+    /// recorded a stalled key's head (the key, and its head with its first input's
+    /// sequence).
+    pub fn standing(&self, heard: impl Fn(&F::Key, &Head) -> bool) -> Standing {
         let now = self.shared.now_ms();
         let skips = self.shared.clock.skips();
         let table = self.shared.lock();
-        (table.timers.keys().next()).is_some_and(|&first| first <= now || skips)
-    }
-
-    /// Keys whose first input is at a durable wait.
-    pub fn waits(&self) -> usize {
-        self.shared.lock().waiting
+        Standing {
+            stalled: table.stalled,
+            waits: table.waiting,
+            stalls_heard: (table.keys.iter())
+                .filter(|(_, state)| state.head.stalled())
+                .all(|(key, state)| heard(key, &state.head)),
+            waits_due: (table.timers.keys().next()).is_some_and(|&first| first <= now || skips),
+        }
     }
 
     /// Every key with an unfinished input whose head `select` takes, with its first input.

@@ -299,12 +299,18 @@ pub async fn run_inputs<S: OutputSink>(
     let max_held = agent.parallelism() * HELD_PER_KEY_SLOT;
     let mut lines = lines;
     loop {
-        let held = run.keys.waits() >= max_held;
-        let intake = run.in_flight() < max_in_flight && !held;
+        let standing = run.standing();
+        let held = standing.core.waits >= max_held;
+        let intake = standing.in_flight < max_in_flight && !held;
         // Everything held waits for something outside the run (an operator, a signal, a
         // time): a run that ends when only such inputs are left stops reading here, and the
         // next one goes on from this line.
-        if held && run.in_flight() == 0 && options.end_when_held && run.stalls_heard() {
+        if held
+            && standing.in_flight == 0
+            && options.end_when_held
+            && standing.core.stalls_heard
+            && !standing.core.waits_due
+        {
             run.summary.held_at = Some(run.tracker.position);
             tracing::warn!(
                 held = max_held,
@@ -498,6 +504,13 @@ impl Front for StreamFront {
     }
 }
 
+/// Where a run's inputs stand at one moment: the core's reading, and the accepted inputs
+/// that are queued, running or retrying (not stalled, nor queued behind a stalled one).
+struct Standing {
+    core: super::Standing,
+    in_flight: usize,
+}
+
 struct Run<'a, S: OutputSink> {
     agent: Arc<Agent>,
     /// Every key's inputs: dropping them stops the keys' workers.
@@ -536,13 +549,31 @@ struct Run<'a, S: OutputSink> {
 }
 
 impl<S: OutputSink> Run<'_, S> {
-    /// Accepted inputs that are queued, running or retrying: not parked, and not waiting
-    /// behind a parked input.
-    fn in_flight(&self) -> usize {
-        self.tracker
-            .pending
-            .len()
-            .saturating_sub(self.keys.stalled())
+    /// Where the run's inputs stand, read at one moment.
+    fn standing(&self) -> Standing {
+        let standing = self.keys.standing(|key, head| self.heard(key, head));
+        Standing {
+            in_flight: (self.tracker.pending.len()).saturating_sub(standing.stalled),
+            core: standing,
+        }
+    }
+
+    /// Whether this loop has heard of `key`'s stalled `head`: its park, its stop, or this
+    /// very wait (not one the input has passed since).
+    fn heard(&self, key: &String, head: &Head) -> bool {
+        let pending = |sequence: &u64| self.tracker.pending.get(&(key.clone(), *sequence));
+        match head {
+            Head::Parked { sequence, .. } => {
+                pending(sequence).is_some_and(|pending| pending.parked.is_some())
+            }
+            Head::Waiting { sequence, waiting } => {
+                pending(sequence).is_some_and(|pending| pending.waiting.as_ref() == Some(waiting))
+            }
+            Head::Stopped { sequence, .. } => {
+                (self.summary.stopped.iter()).any(|(k, s, _)| k == key && s == sequence)
+            }
+            Head::Idle | Head::Running { .. } | Head::Retrying { .. } => true,
+        }
     }
 
     /// Restores keys, memory and position from `checkpoint` and queues its pending inputs.
@@ -752,25 +783,15 @@ impl<S: OutputSink> Run<'_, S> {
             .retain(|error| error.input() != (key, sequence));
     }
 
-    /// Whether the run goes on for inputs at a durable wait.
-    fn waits_to_end(&self) -> bool {
-        self.until_waits_end && self.keys.waits() > 0
-    }
-
-    /// Whether every key the core holds stalled has its park, wait or stop recorded here.
-    fn stalls_heard(&self) -> bool {
-        self.keys
-            .heads(|_, head| head.stalled())
-            .iter()
-            .all(|stalled| {
-                let (key, sequence) = (&stalled.key, stalled.first.input.sequence);
-                let parked = self
-                    .tracker
-                    .pending
-                    .get(&(key.clone(), sequence))
-                    .is_some_and(|pending| pending.parked.is_some() || pending.waiting.is_some());
-                parked || (self.summary.stopped.iter()).any(|(k, s, _)| k == key && *s == sequence)
-            })
+    /// Whether the run has more to wait for before it ends: an input queued or running, a
+    /// stall the core decided that this loop has not heard of yet (the last checkpoint would
+    /// miss it), a wait whose time has come (about to run again), or with `--wait` any wait.
+    fn goes_on(&self) -> bool {
+        let standing = self.standing();
+        standing.in_flight > 0
+            || !standing.core.stalls_heard
+            || standing.core.waits_due
+            || (self.until_waits_end && standing.core.waits > 0)
     }
 
     /// Gives `line` its key's next sequence and queues it.
@@ -808,14 +829,7 @@ impl<S: OutputSink> Run<'_, S> {
     /// Waits for every accepted input to complete or stall (parked, stopped, or waiting
     /// behind one), checkpointing on time meanwhile, then takes the final checkpoint.
     async fn finish(&mut self) -> std::io::Result<()> {
-        // The core counts a key stalled as it decides the park, before this loop hears of
-        // it: wait for that too, or the last checkpoint would miss the park.
-        // A wait whose time has come is about to run again: the run waits for it too.
-        while self.in_flight() > 0
-            || !self.stalls_heard()
-            || self.waits_to_end()
-            || self.keys.waits_due()
-        {
+        while self.goes_on() {
             let due = self.checkpoint_time();
             let next = tokio::select! {
                 next = self.done_rx.recv() => next,
@@ -832,7 +846,13 @@ impl<S: OutputSink> Run<'_, S> {
             let Some(done) = next else { break };
             self.record(done).await?;
         }
-        self.summary.waits = self.keys.waiting();
+        // As the last checkpoint has them.
+        self.summary.waits = (self.tracker.pending.values())
+            .filter_map(|pending| {
+                let waiting = pending.waiting.clone()?;
+                Some((pending.key.clone(), pending.sequence, waiting))
+            })
+            .collect();
         self.summary
             .waits
             .sort_by(|a, b| (&a.0, a.1).cmp(&(&b.0, b.1)));
