@@ -99,7 +99,7 @@ pub async fn run(args: RunArgs, sandbox: Sandbox) -> anyhow::Result<ExitCode> {
     let checkpointing = Checkpointing::new(
         recovered.checkpoints.clone(),
         &config,
-        vec![Arc::new(recovered.log.clone())],
+        vec![Arc::clone(&recovered.store) as _],
     );
     let commands = CommandDir::of(&args.state);
     let options = RunOptions {

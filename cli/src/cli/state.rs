@@ -9,9 +9,9 @@ use rewind_host::agent::StateConfig;
 use rewind_host::checkpoint::{
     Checkpoint, CheckpointStore, FileCheckpoints, log_start, recover_store,
 };
-use rewind_host::log::{FileLog, FileLogOptions, Log, Recovery};
+use rewind_host::log::{FileLog, FileLogOptions, Log, MemoryLog, Recovery};
 use rewind_host::state_dir::{StateDir, read_incarnation};
-use rewind_host::store::{ActionStateStore, Incarnation, LogStore};
+use rewind_host::store::{ActionStateStore, Incarnation, LogStore, SHELF_DIR};
 
 /// What recovery found in a state directory.
 pub struct Recovered {
@@ -29,6 +29,23 @@ pub fn log_dir(state: &Path) -> PathBuf {
 
 pub fn checkpoints_dir(state: &Path) -> PathBuf {
     state.join("checkpoints")
+}
+
+/// The shelf of the store over the log in `dir` (where the states of waiting inputs are set
+/// aside): a reader of a directory made before shelves finds none, and reads an empty one.
+fn open_shelf(dir: &Path, partitions: u32, recovery: Recovery) -> anyhow::Result<Arc<dyn Log>> {
+    let dir = dir.join(SHELF_DIR);
+    if recovery == Recovery::ReadOnly && FileLog::partitions_in(&dir)?.is_none() {
+        return Ok(Arc::new(MemoryLog::new(partitions)));
+    }
+    let options = FileLogOptions {
+        partitions,
+        recovery,
+        ..FileLogOptions::default()
+    };
+    let (shelf, _) = FileLog::open(&dir, options)
+        .with_context(|| format!("opening the shelf in {}", dir.display()))?;
+    Ok(Arc::new(shelf))
 }
 
 /// Which states to load into the store.
@@ -91,9 +108,13 @@ pub async fn recover(
         );
     }
     let log: Arc<dyn Log> = Arc::new(log);
+    let shelf = open_shelf(&dir, log.partitions(), recovery)?;
     let checkpoints = Arc::new(FileCheckpoints::new(checkpoints_dir(state)));
     let latest = checkpoints.latest().await?;
-    let store = Arc::new(config.store(Arc::clone(&log), incarnation));
+    let store = config
+        .store(Arc::clone(&log), shelf, incarnation)
+        .with_context(|| format!("opening the store in {}", dir.display()))?;
+    let store = Arc::new(store);
     let context = || match &latest {
         Some(c) => format!("recovering from checkpoint {} in {}", c.id, state.display()),
         None => format!("recovering {}", state.display()),

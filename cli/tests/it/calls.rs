@@ -448,6 +448,12 @@ impl ActionStateStore for Refusing {
     async fn rebuild(&self, marker: &Marker) -> Result<(), StoreError> {
         self.0.rebuild(marker).await
     }
+    async fn shelve(&self, scope: &KeyScope, sequence: u64) -> Result<(), StoreError> {
+        self.0.shelve(scope, sequence).await
+    }
+    async fn retain(&self, marker: &Marker) -> Result<(), StoreError> {
+        self.0.retain(marker).await
+    }
 }
 
 async fn the_guest_never_sees_a_result_the_store_did_not_acknowledge(caller: &str) {

@@ -134,9 +134,7 @@ async fn check(strategy: MarkerStrategy, ops: Vec<Op>) -> Result<(), TestCaseErr
                 );
                 let marker = match &checkpoint {
                     Some((marker, _)) => marker.clone(),
-                    None => Marker {
-                        offsets: vec![0; 4],
-                    },
+                    None => Marker::at(vec![0; 4]),
                 };
                 store.rebuild(&marker).await.expect("rebuild");
                 if let Some((_, points)) = &checkpoint {

@@ -79,9 +79,7 @@ async fn process_into_sink(
     ));
     let marker = match &latest {
         Some(c) => c.marker.clone(),
-        None => rewind_host::store::Marker {
-            offsets: vec![0; 4],
-        },
+        None => rewind_host::store::Marker::at(vec![0; 4]),
     };
     store.rebuild(&marker).await.expect("rebuild");
     if let Some(c) = &latest {
@@ -97,7 +95,7 @@ async fn process_into_sink(
     }
     let agent = Arc::new(
         Agent::builder(agent_file(toml), sandbox())
-            .store(store)
+            .store(Arc::clone(&store) as _)
             .function("gate", gate.clone())
             .build()
             .expect("agent"),
@@ -107,7 +105,7 @@ async fn process_into_sink(
         every_inputs: shape.every_inputs,
         every: None,
         keep: 3,
-        retention: vec![Arc::new(log)],
+        retention: vec![store],
     };
     let lines: Vec<_> = lines
         .iter()

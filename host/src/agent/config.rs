@@ -9,7 +9,7 @@ use serde::Deserialize;
 use crate::durable::{DivergencePolicy, InDoubtPolicy};
 use crate::log::Log;
 use crate::sandbox::Limits;
-use crate::store::{Incarnation, LogStore, MarkerStrategy};
+use crate::store::{Incarnation, LogStore, MarkerStrategy, StoreError};
 
 /// Keys processed at once, unless `parallelism` says otherwise.
 pub const DEFAULT_PARALLELISM: usize = 8;
@@ -112,9 +112,17 @@ impl Default for StateConfig {
 }
 
 impl StateConfig {
-    /// The store over `log` this `[state]` asks for: its marker strategy and refresh batch.
-    pub fn store(&self, log: Arc<dyn Log>, incarnation: Incarnation) -> LogStore {
-        LogStore::new(log, self.marker, incarnation).with_refresh_batch(self.refresh_batch)
+    /// The store over `log` this `[state]` asks for: its marker strategy and refresh batch,
+    /// setting the states of waiting inputs aside on `shelf` (as many partitions as `log`).
+    pub fn store(
+        &self,
+        log: Arc<dyn Log>,
+        shelf: Arc<dyn Log>,
+        incarnation: Incarnation,
+    ) -> Result<LogStore, StoreError> {
+        LogStore::new(log, self.marker, incarnation)
+            .with_refresh_batch(self.refresh_batch)
+            .with_shelf(shelf)
     }
 }
 

@@ -199,6 +199,18 @@ impl Agent {
         KeyScope::new(&self.tenant, &self.name, key)
     }
 
+    /// Sets the states of `key`'s input `sequence`, which waits, aside on the store's shelf
+    /// ([`ActionStateStore::shelve`]), so that the wait holds no retention back. Best
+    /// effort: when that fails they stay in the log, which keeps them until the input runs
+    /// again.
+    pub async fn shelve(&self, key: &str, sequence: u64) {
+        if let Err(error) = self.store.shelve(&self.scope(key), sequence).await {
+            tracing::warn!(agent = %self.name, key, sequence, "a waiting input's states stay \
+                where they were written, holding the log's retention back until it runs \
+                again: {error}");
+        }
+    }
+
     /// Processes one input of a key whose memory is `memory`: runs the actions its event
     /// triggers, then the actions their events trigger, and collects the outputs and the
     /// key's memory after them. An action sees the writes of the actions before it in the
@@ -278,6 +290,7 @@ impl Agent {
                         {
                             Ok(state) => state,
                             Err(RunError::Waiting(wait)) => {
+                                self.shelve(&input.key, input.sequence).await;
                                 report.memory = Arc::clone(memory);
                                 report.waiting = Some(Waiting {
                                     action: action.name.clone(),

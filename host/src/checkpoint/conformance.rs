@@ -94,9 +94,7 @@ pub fn checkpoint(id: CheckpointId) -> Checkpoint {
                 }),
             },
         ],
-        marker: Marker {
-            offsets: vec![id, 0],
-        },
+        marker: Marker::at(vec![id, 0]),
         output_position: Some(id * 7),
         skipped: vec![
             SkippedInput {

@@ -282,7 +282,7 @@ pub async fn log_start(log: &dyn Log) -> Result<Marker, StoreError> {
             .map_err(|e| StoreError::Unavailable(format!("reading the log's bounds: {e}")))?;
         offsets.push(start);
     }
-    Ok(Marker { offsets })
+    Ok(Marker::at(offsets))
 }
 
 #[cfg(test)]

@@ -3,6 +3,7 @@
 //! Per partition P, under a deployment's prefix:
 //! - `PREFIX-in-P`: the inputs (subjects `PREFIX.in.TENANT.AGENT.P`, [`inputs`]);
 //! - `PREFIX-state-P`: the action-state log of the partition's `LogStore`;
+//! - `PREFIX-shelf-P`: its shelf, where the states of inputs at a durable wait are set aside;
 //! - `PREFIX-out-P`: the outputs ([`outputs`]);
 //! - `PREFIX-checkpoints-P`: the checkpoints (`checkpoint::LogCheckpoints`);
 //! - the key `partition-P` of the bucket `PREFIX-leases`: who holds it ([`lease`]).

@@ -14,7 +14,7 @@ use super::outputs::StreamSink;
 use super::{Layout, inputs};
 use crate::agent::{Agent, AgentFile};
 use crate::checkpoint::{CheckpointStore, LogCheckpoints, recover_store};
-use crate::keys::{Checkpointing, RunOptions, Summary, run_inputs};
+use crate::keys::{Checkpointing, Retention, RunOptions, Summary, run_inputs};
 use crate::log::{Authority, JetStreamLog, Log, StreamSpec};
 use crate::sandbox::Sandbox;
 use crate::store::Incarnation;
@@ -24,6 +24,16 @@ impl Layout {
         StreamSpec::new(
             format!("{}-state-{partition}", self.prefix),
             format!("{}.state.{partition}", self.prefix),
+            self.replicas,
+        )
+        .group_commit(self.group_commit)
+    }
+
+    /// Where the partition's store sets aside the states of inputs at a durable wait.
+    pub fn shelf_stream(&self, partition: u32) -> StreamSpec {
+        StreamSpec::new(
+            format!("{}-shelf-{partition}", self.prefix),
+            format!("{}.shelf.{partition}", self.prefix),
             self.replicas,
         )
         .group_commit(self.group_commit)
@@ -82,6 +92,7 @@ pub async fn run(
     let config = &partition.file.config;
     // Fencing first: from here on no earlier holder writes to these streams.
     let state_log = fenced(context, layout.state_stream(number), &lease).await?;
+    let shelf_log = fenced(context, layout.shelf_stream(number), &lease).await?;
     let output_log = fenced(context, layout.output_stream(number), &lease).await?;
     let checkpoint_log = fenced(context, layout.checkpoint_stream(number), &lease).await?;
     let checkpoints = Arc::new(LogCheckpoints::new(checkpoint_log, 0));
@@ -92,11 +103,13 @@ pub async fn run(
             what: format!("partition {number}: reading its newest checkpoint"),
             source,
         })?;
-    let store = Arc::new(
-        config
-            .state
-            .store(Arc::clone(&state_log), partition.incarnation),
-    );
+    let store = (config.state)
+        .store(Arc::clone(&state_log), shelf_log, partition.incarnation)
+        .map(Arc::new)
+        .map_err(|source| ClusterError::Store {
+            what: format!("partition {number}: opening its store"),
+            source,
+        })?;
     recover_store(
         &*store,
         &*state_log,
@@ -112,7 +125,7 @@ pub async fn run(
     let agent = Arc::new(
         Agent::builder(partition.file.clone(), Arc::clone(&partition.sandbox))
             .tenant(partition.tenant.clone())
-            .store(store)
+            .store(Arc::clone(&store) as _)
             .build()?,
     );
     let mut sink = StreamSink::open(
@@ -142,7 +155,7 @@ pub async fn run(
         checkpoints,
         &config.state,
         vec![
-            Arc::new(state_log),
+            Arc::clone(&store) as Arc<dyn Retention>,
             Arc::new(inputs::InputRetention::new(
                 context,
                 layout,

@@ -1,6 +1,6 @@
 //! Signals from outside, delivered to a key's input and waking it when it waits for one.
 
-use super::{Front, Keys, RECENT_SIGNALS, wake};
+use super::{Front, Head, Keys, RECENT_SIGNALS, wake};
 use crate::agent::{Delivered, SignalError, SignalIn};
 use crate::text;
 
@@ -99,6 +99,14 @@ impl<F: Front> Keys<F> {
                 sequence,
                 Some(&signal.name),
             );
+            // Still waiting (for other signals): its inbox is set aside with its states.
+            let waits = (self.shared.lock().keys.get(key)).is_some_and(|state| {
+                !state.working
+                    && matches!(state.head, Head::Waiting { sequence: s, .. } if s == sequence)
+            });
+            if waits {
+                agent.shelve(&target.input.key, sequence).await;
+            }
         }
         Ok(delivered)
     }

@@ -24,8 +24,7 @@ use crate::commands::{CallAnswer, Command, CommandQueue, Outcome, Verb};
 use crate::crash::{self, CrashPoint};
 use crate::durable::{self, Answer, CallStats, CallsByFunction};
 use crate::event::Input;
-use crate::log::Log;
-use crate::store::StoreError;
+use crate::store::{ActionStateStore, LogStore, StoreError};
 use crate::text;
 
 /// Told as inputs are accepted and finished (a progress bar, for instance).
@@ -163,14 +162,13 @@ pub trait Retention: Send + Sync + std::fmt::Debug {
     async fn retain(&self, oldest: &Checkpoint);
 }
 
-/// The log under the agent's store: its records below the oldest checkpoint's marker.
+/// The logs under the agent's store (its log and its shelf): their records below the
+/// oldest checkpoint's marker.
 #[async_trait]
-impl Retention for Arc<dyn Log> {
+impl Retention for LogStore {
     async fn retain(&self, oldest: &Checkpoint) {
-        for (partition, &offset) in (0..self.partitions()).zip(&oldest.marker.offsets) {
-            if let Err(e) = self.delete_below(partition, offset).await {
-                tracing::warn!(partition, "retention: {e}");
-            }
+        if let Err(e) = ActionStateStore::retain(self, &oldest.marker).await {
+            tracing::warn!("retention: {e}");
         }
     }
 }

@@ -26,7 +26,7 @@ use crate::checkpoint;
 use crate::log::{FileLog, FileLogOptions, Log, LogError, Recovery};
 use crate::private;
 use crate::store::{
-    ActionStateStore as _, Incarnation, KeyScope, LogStore, MarkerStrategy, StoreError,
+    ActionStateStore as _, Incarnation, KeyScope, LogStore, MarkerStrategy, SHELF_DIR, StoreError,
 };
 
 /// Where the agents' state logs are, under the tenant's directory.
@@ -105,9 +105,9 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> StateError + '_ {
 #[derive(Debug, thiserror::Error)]
 pub enum CompactError {
     #[error("asking the store for its marker: {0}")]
-    Marker(#[from] StoreError),
-    #[error("deleting the segments below the marker: {0}")]
-    Delete(#[from] LogError),
+    Marker(#[source] StoreError),
+    #[error("deleting the records below the marker: {0}")]
+    Delete(#[source] StoreError),
 }
 
 /// What an agent's version asks of its state: its `[state]`, and whether it set
@@ -176,7 +176,19 @@ impl AgentState {
         };
         let (log, _) = FileLog::open(dir, options)?;
         let log: Arc<dyn Log> = Arc::new(log);
-        let store = config.store(Arc::clone(&log), incarnation);
+        let partitions = log.partitions();
+        let shelf_options = FileLogOptions {
+            partitions,
+            ..options
+        };
+        let (shelf, _) = FileLog::open(&dir.join(SHELF_DIR), shelf_options)?;
+        let store =
+            (config.store(Arc::clone(&log), Arc::new(shelf), incarnation)).map_err(|error| {
+                LogError::Io {
+                    context: format!("opening the store in {}", dir.display()),
+                    source: std::io::Error::other(error),
+                }
+            })?;
         Ok(Self {
             log,
             store: Arc::new(store),
@@ -245,11 +257,9 @@ impl AgentState {
     /// Deletes the log's segments below the store's marker: only states of finished inputs
     /// (pruned from the cache) are there.
     pub async fn compact(&self) -> Result<(), CompactError> {
-        let marker = self.store.marker().await?;
-        for (partition, &offset) in (0..).zip(&marker.offsets) {
-            self.log.delete_below(partition, offset).await?;
-        }
-        Ok(())
+        let marker = self.store.marker().await.map_err(CompactError::Marker)?;
+        let retained = self.store.retain(&marker).await;
+        retained.map_err(CompactError::Delete)
     }
 }
 

@@ -35,6 +35,9 @@ macro_rules! store_conformance_tests {
             rebuild_refuses_another_partition_count,
             rebuild_refuses_an_offset_the_log_does_not_hold,
             a_state_keeps_the_incarnation_it_was_written_in,
+            shelved_states_outlive_retention_of_the_log_they_were_written_in,
+            a_state_written_after_it_was_shelved_comes_back_at_its_new_version,
+            retain_deletes_what_the_marker_no_longer_needs,
         );
     };
     (@cases $factory:expr; $($case:ident),* $(,)?) => {
@@ -208,9 +211,7 @@ pub async fn rebuild_from_a_marker_restores_every_cached_state(factory: &dyn Fac
 pub async fn rebuild_refuses_another_partition_count(factory: &dyn Factory) {
     let store = factory(4);
     put(&*store, state(key("x", 1, "a"), 1)).await;
-    let marker = Marker {
-        offsets: vec![0; 3],
-    };
+    let marker = Marker::at(vec![0; 3]);
     let error = store.rebuild(&marker).await.expect_err("refused");
     assert!(
         matches!(
@@ -232,9 +233,7 @@ pub async fn rebuild_refuses_another_partition_count(factory: &dyn Factory) {
 pub async fn rebuild_refuses_an_offset_the_log_does_not_hold(factory: &dyn Factory) {
     let store = factory(2);
     put(&*store, state(key("x", 1, "a"), 1)).await;
-    let marker = Marker {
-        offsets: vec![u64::MAX / 2; 2],
-    };
+    let marker = Marker::at(vec![u64::MAX / 2; 2]);
     let error = store.rebuild(&marker).await.expect_err("refused");
     assert!(
         matches!(error, StoreError::MarkerOutOfRange { .. }),
@@ -276,4 +275,108 @@ pub async fn a_state_keeps_the_incarnation_it_was_written_in(factory: &dyn Facto
     }
     store.rebuild(&marker).await.expect("rebuild");
     assert_eq!(incarnations(&*store), expected, "from the log");
+}
+
+/// Writes `inputs` finished inputs of scope `busy`, each pruned as a checkpoint would.
+async fn traffic(store: &dyn ActionStateStore, busy: &str, inputs: u64) {
+    for sequence in 1..=inputs {
+        let mut done = state(key(busy, sequence, "a"), 1);
+        done.completion = Some(Completion::default());
+        put(store, done).await;
+        let scope = KeyScope::new("t", "a", busy);
+        store.prune(&scope, sequence).await.expect("prune");
+    }
+}
+
+/// Every cached state, the store-assigned version stripped.
+fn everything(store: &dyn ActionStateStore) -> Vec<ActionState> {
+    let states = store
+        .scopes()
+        .iter()
+        .flat_map(|s| store.states(s))
+        .collect();
+    let states: Vec<ActionState> = states;
+    states.into_iter().map(content).collect()
+}
+
+/// Drops every cached state, so that only the log can bring them back.
+async fn forget(store: &dyn ActionStateStore) {
+    for scope in store.scopes() {
+        store.prune(&scope, u64::MAX).await.expect("prune");
+    }
+}
+
+/// An input at a durable wait has its states shelved; the log moves on and retention
+/// deletes what later markers no longer keep: a rebuild still restores the waiting input's
+/// states, and its key's other inputs'.
+pub async fn shelved_states_outlive_retention_of_the_log_they_were_written_in(
+    factory: &dyn Factory,
+) {
+    let store = factory(2);
+    let scope = KeyScope::new("t", "a", "waits");
+    put(&*store, state(key("waits", 1, "first"), 2)).await;
+    put(&*store, state(key("waits", 1, "second"), 1)).await;
+    put(&*store, state(key("waits", 2, "first"), 1)).await;
+    store.shelve(&scope, 1).await.expect("shelve");
+    store
+        .shelve(&scope, 7)
+        .await
+        .expect("shelving an input without states");
+    traffic(&*store, "busy", 50).await;
+    let marker = store.marker().await.expect("marker");
+    store.retain(&marker).await.expect("retain");
+    let before = everything(&*store);
+    assert_eq!(before.len(), 3, "{before:?}");
+    forget(&*store).await;
+    store.rebuild(&marker).await.expect("rebuild");
+    assert_eq!(everything(&*store), before);
+    assert_eq!(
+        store.get(&key("waits", 1, "first")).map(|s| s.calls.len()),
+        Some(2)
+    );
+}
+
+/// The input woke and wrote its state again: that version is the one a rebuild restores,
+/// before and after the next marker.
+pub async fn a_state_written_after_it_was_shelved_comes_back_at_its_new_version(
+    factory: &dyn Factory,
+) {
+    let store = factory(2);
+    let waiting = key("waits", 1, "a");
+    put(&*store, state(waiting.clone(), 1)).await;
+    store.shelve(&waiting.scope, 1).await.expect("shelve");
+    let shelved = store.marker().await.expect("marker");
+    put(&*store, state(waiting.clone(), 3)).await;
+    traffic(&*store, "busy", 20).await;
+    let marker = store.marker().await.expect("marker");
+    for marker in [&shelved, &marker] {
+        forget(&*store).await;
+        store.rebuild(marker).await.expect("rebuild");
+        assert_eq!(store.get(&waiting).map(|s| s.calls.len()), Some(3));
+    }
+    store.retain(&marker).await.expect("retain");
+    forget(&*store).await;
+    store.rebuild(&marker).await.expect("rebuild");
+    assert_eq!(store.get(&waiting).map(|s| s.calls.len()), Some(3));
+}
+
+/// After `retain`, a rebuild from the marker it was given still restores everything; one
+/// from a marker before it fails naming what is gone, or restores what it held.
+pub async fn retain_deletes_what_the_marker_no_longer_needs(factory: &dyn Factory) {
+    let store = factory(1);
+    let early = store.marker().await.expect("marker");
+    traffic(&*store, "busy", 30).await;
+    let pending = key("pending", 1, "a");
+    put(&*store, state(pending.clone(), 1)).await;
+    let marker = store.marker().await.expect("marker");
+    store.retain(&marker).await.expect("retain");
+    forget(&*store).await;
+    store.rebuild(&marker).await.expect("rebuild");
+    assert!(store.get(&pending).is_some());
+    match store.rebuild(&early).await {
+        Err(StoreError::MarkerOutOfRange { .. }) => {}
+        Err(other) => panic!("a rebuild below retention fails as out of range: {other}"),
+        // Retention deletes whole segments: a log may keep more than asked.
+        Ok(()) => assert!(store.get(&pending).is_some()),
+    }
 }

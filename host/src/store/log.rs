@@ -24,6 +24,13 @@ const REBUILD_BATCH: usize = 1024;
 /// States re-appended at a time by a `refresh` checkpoint, unless set otherwise.
 pub const DEFAULT_REFRESH_BATCH: usize = 4096;
 
+/// Records past a shelf partition's live states that a marker lets it hold before it
+/// copies its live states to its end (so that the records below them can be deleted):
+/// besides this slack, as many as it has live states. Each copy is paid for by at least as
+/// many shelvings since the last, so a state is copied about once per shelving, however
+/// long it waits.
+const SHELF_SLACK: u64 = 4096;
+
 /// How a checkpoint's marker keeps every cached state reachable (docs/SEMANTICS.md, "The
 /// store and its markers").
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -56,8 +63,32 @@ struct Cached {
     /// call and read back only when a run starts over it, so the cache keeps what it
     /// writes and decodes on reading, rather than keeping a second copy of the state.
     bytes: Bytes,
-    /// Offset of this version's first write in its partition.
-    offset: Offset,
+    /// Where the version lies: what a marker must keep.
+    at: At,
+}
+
+/// Where a cached state's newest version lies, in its partition.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum At {
+    /// In the log: the offset of the version's first write.
+    Log(Offset),
+    /// On the shelf (its input waits): the offset of its newest copy there.
+    Shelf(Offset),
+}
+
+impl At {
+    /// Which of two records of one version a rebuild keeps: the shelf's over the log's
+    /// (the version was shelved after it was written), the newest copy on the shelf (older
+    /// ones are let go), the first write in the log (the offset markers count).
+    fn preferred(self, other: Self) -> std::cmp::Ordering {
+        use std::cmp::Ordering::{Greater, Less};
+        match (self, other) {
+            (Self::Shelf(a), Self::Shelf(b)) => b.cmp(&a),
+            (Self::Shelf(_), Self::Log(_)) => Less,
+            (Self::Log(_), Self::Shelf(_)) => Greater,
+            (Self::Log(a), Self::Log(b)) => a.cmp(&b),
+        }
+    }
 }
 
 /// Where a state sits among its scope's: they order by sequence, then action, then trigger.
@@ -69,24 +100,30 @@ fn within(key: &StateKey) -> Within {
 
 /// Offsets, each counted as many times as it was added.
 #[derive(Debug, Default, Clone)]
-struct OffsetCounts(BTreeMap<Offset, u32>);
+struct OffsetCounts {
+    counts: BTreeMap<Offset, u32>,
+    /// How many are counted, all offsets together.
+    len: u64,
+}
 
 impl OffsetCounts {
     fn add(&mut self, offset: Offset) {
-        *self.0.entry(offset).or_default() += 1;
+        *self.counts.entry(offset).or_default() += 1;
+        self.len += 1;
     }
 
     fn remove(&mut self, offset: Offset) {
-        if let Some(n) = self.0.get_mut(&offset) {
+        if let Some(n) = self.counts.get_mut(&offset) {
             *n -= 1;
+            self.len -= 1;
             if *n == 0 {
-                self.0.remove(&offset);
+                self.counts.remove(&offset);
             }
         }
     }
 
     fn min(&self) -> Option<Offset> {
-        self.0.keys().next().copied()
+        self.counts.keys().next().copied()
     }
 }
 
@@ -96,16 +133,31 @@ impl OffsetCounts {
 ///
 /// It holds the cached states of the scopes that live in the partition; the offsets of
 /// their latest writes, so that an `offsets` marker costs one lookup however many states
-/// are cached; and a floor for each write not yet acknowledged, which a marker must not
-/// pass.
+/// are cached; the offsets of the shelved ones on the shelf; and a floor for each write
+/// not yet acknowledged, which a marker must not pass.
 #[derive(Debug, Default)]
 struct Shard {
     scopes: HashMap<KeyScope, BTreeMap<Within, Cached>>,
     written: OffsetCounts,
+    shelved: OffsetCounts,
     in_flight: OffsetCounts,
 }
 
 impl Shard {
+    fn count(&mut self, at: At) {
+        match at {
+            At::Log(offset) => self.written.add(offset),
+            At::Shelf(offset) => self.shelved.add(offset),
+        }
+    }
+
+    fn uncount(&mut self, at: At) {
+        match at {
+            At::Log(offset) => self.written.remove(offset),
+            At::Shelf(offset) => self.shelved.remove(offset),
+        }
+    }
+
     /// Caches `cached` as the state at `key`, unless a newer version is cached already
     /// (callers write a key from one place at a time, so only a broken caller could bring
     /// an older one: it does not replace the newer).
@@ -114,19 +166,61 @@ impl Shard {
             Some(states) => states,
             None => self.scopes.entry(key.scope.clone()).or_default(),
         };
-        match states.entry(within(key)) {
-            Entry::Vacant(entry) => {
-                self.written.add(cached.offset);
-                entry.insert(cached);
-            }
+        let (old, new) = match states.entry(within(key)) {
+            Entry::Vacant(entry) => (None, entry.insert(cached).at),
             Entry::Occupied(mut entry) => {
-                if entry.get().version < cached.version {
-                    self.written.remove(entry.get().offset);
-                    self.written.add(cached.offset);
-                    entry.insert(cached);
+                if entry.get().version >= cached.version {
+                    return;
                 }
+                let old = entry.get().at;
+                entry.insert(cached);
+                (Some(old), entry.get().at)
             }
+        };
+        if let Some(old) = old {
+            self.uncount(old);
         }
+        self.count(new);
+    }
+
+    /// The states of input `sequence` of `scope` that lie in the log, with their versions.
+    fn on_log(&self, scope: &KeyScope, sequence: u64) -> Vec<(Within, Version, Bytes)> {
+        let Some(states) = self.scopes.get(scope) else {
+            return Vec::new();
+        };
+        let first = (sequence, String::new(), Digest([0; 32]));
+        (states.range(first..))
+            .take_while(|(within, _)| within.0 == sequence)
+            .filter(|(_, cached)| matches!(cached.at, At::Log(_)))
+            .map(|(within, cached)| (within.clone(), cached.version, cached.bytes.clone()))
+            .collect()
+    }
+
+    /// Every shelved state, with its version.
+    fn on_shelf(&self) -> Vec<(KeyScope, Within, Version, Bytes)> {
+        (self.scopes.iter())
+            .flat_map(|(scope, states)| states.iter().map(move |state| (scope, state)))
+            .filter(|(_, (_, cached))| matches!(cached.at, At::Shelf(_)))
+            .map(|(scope, (within, cached))| {
+                let bytes = cached.bytes.clone();
+                (scope.clone(), within.clone(), cached.version, bytes)
+            })
+            .collect()
+    }
+
+    /// Version `version` of the state at `within` of `scope` has a copy on the shelf at
+    /// `offset`: it lies there from now on, unless a newer version was written meanwhile.
+    fn shelved_at(&mut self, scope: &KeyScope, within: &Within, version: Version, offset: Offset) {
+        let Some(cached) = (self.scopes.get_mut(scope)).and_then(|states| states.get_mut(within))
+        else {
+            return;
+        };
+        if cached.version != version {
+            return;
+        }
+        let old = std::mem::replace(&mut cached.at, At::Shelf(offset));
+        self.uncount(old);
+        self.count(At::Shelf(offset));
     }
 
     /// Drops the states of `scope` up to sequence `up_to`.
@@ -138,11 +232,12 @@ impl Shard {
             Some(first_kept) => states.split_off(&(first_kept, String::new(), Digest([0; 32]))),
             None => BTreeMap::new(),
         };
-        for cached in std::mem::replace(states, kept).into_values() {
-            self.written.remove(cached.offset);
-        }
+        let pruned = std::mem::replace(states, kept);
         if states.is_empty() {
             self.scopes.remove(scope);
+        }
+        for cached in pruned.into_values() {
+            self.uncount(cached.at);
         }
     }
 
@@ -203,6 +298,9 @@ impl Drop for InFlight<'_> {
 #[derive(Debug)]
 pub struct LogStore {
     log: Arc<dyn Log>,
+    /// Where the states of inputs at a durable wait are set aside (`shelve`): a log of
+    /// the same partitions, which markers keep apart from `log`.
+    shelf: Option<Arc<dyn Log>>,
     strategy: MarkerStrategy,
     /// The cache, one shard per partition.
     shards: Vec<Mutex<Shard>>,
@@ -230,10 +328,28 @@ impl LogStore {
             shards: (0..log.partitions()).map(|_| Mutex::default()).collect(),
             acknowledged: (0..log.partitions()).map(|_| AtomicU64::new(0)).collect(),
             log,
+            shelf: None,
             strategy,
             next_version: AtomicU64::new(1),
             refresh_batch: DEFAULT_REFRESH_BATCH,
         }
+    }
+
+    /// The same store, setting the states of waiting inputs aside on `shelf`, a log of as
+    /// many partitions as its own (refused otherwise).
+    pub fn with_shelf(mut self, shelf: Arc<dyn Log>) -> Result<Self, StoreError> {
+        if shelf.partitions() != self.log.partitions() {
+            return Err(StoreError::ShelfChanged {
+                expected: self.log.partitions() as usize,
+                shelf: shelf.partitions() as usize,
+            });
+        }
+        self.shelf = Some(shelf);
+        Ok(self)
+    }
+
+    pub fn shelf(&self) -> Option<&Arc<dyn Log>> {
+        self.shelf.as_ref()
     }
 
     /// Re-appends `states` at a time at a `refresh` checkpoint (at least one): each batch is
@@ -290,15 +406,15 @@ impl LogStore {
                 *offset = (*offset).min(floor);
             }
             states.extend(
-                shard
-                    .scopes
-                    .values()
+                (shard.scopes.values())
                     .flat_map(BTreeMap::values)
+                    .filter(|cached| matches!(cached.at, At::Log(_)))
                     .map(|cached| (partition, cached.bytes.clone())),
             );
         }
-        // Every cached state, in its latest version, at or after the captured offsets. The
-        // cache does not change: its entries already hold these versions. Appended in
+        // Every cached state of the log (not the shelf's), in its latest version, at or
+        // after the captured offsets. The cache does not change: its entries already hold
+        // these versions (and where they were first written is no longer needed). Appended in
         // batches, so that a large cache is not held copied all at once; group commit makes
         // each batch durable together.
         for batch in states.chunks(self.refresh_batch) {
@@ -312,7 +428,7 @@ impl LogStore {
                 .map_err(log_error("re-appending the cached states"))?;
             crash::reached(CrashPoint::CheckpointRefresh);
         }
-        Ok(Marker { offsets })
+        Ok(Marker::at(offsets))
     }
 
     async fn oldest_writes(&self) -> Result<Marker, StoreError> {
@@ -322,7 +438,54 @@ impl LogStore {
                 *offset = (*offset).min(oldest);
             }
         }
-        Ok(Marker { offsets })
+        Ok(Marker::at(offsets))
+    }
+
+    /// Per shelf partition, the oldest copy of a state still shelved (or the end): taken
+    /// after the log's offsets, so that a state shelved in between is kept by one or the
+    /// other. A partition whose records run further past its oldest live copy than
+    /// [`SHELF_SLACK`] and as many again as it has live states first copies its live states
+    /// to its end.
+    async fn shelf_offsets(&self) -> Result<Vec<Offset>, StoreError> {
+        let Some(shelf) = &self.shelf else {
+            return Ok(Vec::new());
+        };
+        let mut offsets = Vec::with_capacity(shelf.partitions() as usize);
+        for partition in 0..shelf.partitions() {
+            let (_, mut end) = (shelf.bounds(partition).await)
+                .map_err(log_error("reading the shelf's end offsets"))?;
+            let (live, oldest) = {
+                let shard = self.shard(partition);
+                (shard.shelved.len, shard.shelved.min())
+            };
+            if oldest.is_some_and(|oldest| end - oldest > SHELF_SLACK + live) {
+                self.move_shelf(shelf, partition).await?;
+                end = (shelf.bounds(partition).await)
+                    .map_err(log_error("reading the shelf's end offsets"))?
+                    .1;
+            }
+            let oldest = self.shard(partition).shelved.min();
+            offsets.push(oldest.map_or(end, |oldest| oldest.min(end)));
+        }
+        Ok(offsets)
+    }
+
+    /// Copies every state shelved in `partition` to the shelf's end, in batches, each
+    /// durable before the states count as lying there.
+    async fn move_shelf(&self, shelf: &Arc<dyn Log>, partition: u32) -> Result<(), StoreError> {
+        let states = self.shard(partition).on_shelf();
+        for batch in states.chunks(self.refresh_batch) {
+            let records = (batch.iter())
+                .map(|(_, _, _, bytes)| (partition, bytes.to_vec()))
+                .collect();
+            let offsets = (shelf.append_many(records).await)
+                .map_err(log_error("moving shelved states to the shelf's end"))?;
+            let mut shard = self.shard(partition);
+            for ((scope, within, version, _), offset) in batch.iter().zip(offsets) {
+                shard.shelved_at(scope, within, *version, offset);
+            }
+        }
+        Ok(())
     }
 }
 
@@ -360,7 +523,7 @@ impl ActionStateStore for LogStore {
             Cached {
                 version,
                 bytes,
-                offset,
+                at: At::Log(offset),
             },
         );
         Ok(version)
@@ -413,10 +576,46 @@ impl ActionStateStore for LogStore {
     }
 
     async fn marker(&self) -> Result<Marker, StoreError> {
-        match self.strategy {
-            MarkerStrategy::Refresh => self.refresh().await,
-            MarkerStrategy::Offsets => self.oldest_writes().await,
+        let mut marker = match self.strategy {
+            MarkerStrategy::Refresh => self.refresh().await?,
+            MarkerStrategy::Offsets => self.oldest_writes().await?,
+        };
+        marker.shelf = self.shelf_offsets().await?;
+        Ok(marker)
+    }
+
+    async fn shelve(&self, scope: &KeyScope, sequence: u64) -> Result<(), StoreError> {
+        let Some(shelf) = &self.shelf else {
+            return Ok(());
+        };
+        let partition = self.partition_of(scope);
+        let states = self.shard(partition).on_log(scope, sequence);
+        if states.is_empty() {
+            return Ok(());
         }
+        let records = (states.iter())
+            .map(|(_, _, bytes)| (partition, bytes.to_vec()))
+            .collect();
+        let offsets = (shelf.append_many(records).await).map_err(log_error(
+            "setting a waiting input's states aside on the shelf",
+        ))?;
+        let mut shard = self.shard(partition);
+        for ((within, version, _), offset) in states.iter().zip(offsets) {
+            shard.shelved_at(scope, within, *version, offset);
+        }
+        Ok(())
+    }
+
+    async fn retain(&self, marker: &Marker) -> Result<(), StoreError> {
+        let logs = std::iter::once((&self.log, &marker.offsets))
+            .chain(self.shelf.iter().map(|shelf| (shelf, &marker.shelf)));
+        for (log, offsets) in logs {
+            for (partition, &offset) in (0..log.partitions()).zip(offsets) {
+                (log.delete_below(partition, offset).await)
+                    .map_err(log_error("deleting records no checkpoint needs"))?;
+            }
+        }
+        Ok(())
     }
 
     async fn rebuild(&self, marker: &Marker) -> Result<(), StoreError> {
@@ -427,11 +626,45 @@ impl ActionStateStore for LogStore {
                 log: partitions as usize,
             });
         }
+        let shelf_from = match &self.shelf {
+            None if marker.shelf.is_empty() => None,
+            None => {
+                return Err(StoreError::ShelfChanged {
+                    expected: marker.shelf.len(),
+                    shelf: 0,
+                });
+            }
+            Some(shelf) if marker.shelf.is_empty() => Some((shelf, None)),
+            Some(shelf) if marker.shelf.len() == partitions as usize => {
+                Some((shelf, Some(&marker.shelf)))
+            }
+            Some(_) => {
+                return Err(StoreError::ShelfChanged {
+                    expected: marker.shelf.len(),
+                    shelf: partitions as usize,
+                });
+            }
+        };
         let mut windows = Vec::with_capacity(partitions as usize);
         for (partition, &from) in (0..partitions).zip(&marker.offsets) {
-            windows.push(read_window(&*self.log, partition, from).await?);
+            let log = read_window(&*self.log, partition, from).await?;
+            let shelf = match shelf_from {
+                None => None,
+                Some((shelf, from)) => {
+                    let from = match from {
+                        Some(from) => from[partition as usize],
+                        None => {
+                            (shelf.bounds(partition).await)
+                                .map_err(log_error("reading the shelf's bounds"))?
+                                .0
+                        }
+                    };
+                    Some(read_window(&**shelf, partition, from).await?)
+                }
+            };
+            windows.push(Windows { log, shelf });
         }
-        let ends: Vec<Offset> = windows.iter().map(|window| window.end).collect();
+        let ends: Vec<Offset> = windows.iter().map(|window| window.log.end).collect();
         let (shards, highest) = newest_states(windows, partitions)?;
         self.next_version.fetch_max(highest + 1, Ordering::Relaxed);
         for (acknowledged, end) in self.acknowledged.iter().zip(ends) {
@@ -459,6 +692,12 @@ fn encode(state: &ActionState, version: Version) -> Result<Vec<u8>, StoreError> 
         key: state.key.to_string(),
         message: e.to_string(),
     })
+}
+
+/// What a rebuild reads of one partition: its log's window, and its shelf's.
+struct Windows {
+    log: Window,
+    shelf: Option<Window>,
 }
 
 /// The records of one partition from a marker's offset to the end.
@@ -502,9 +741,9 @@ async fn read_window(log: &dyn Log, partition: u32, from: Offset) -> Result<Wind
 /// Decodes the windows on every core (a state's versions are all in its own partition, so
 /// partitions are independent) into a shard each, holding each state's newest version.
 /// Returns the shards and the highest version seen.
-fn newest_states(windows: Vec<Window>, partitions: u32) -> Result<Decoded, StoreError> {
+fn newest_states(windows: Vec<Windows>, partitions: u32) -> Result<Decoded, StoreError> {
     let threads = std::thread::available_parallelism().map_or(1, usize::from);
-    let mut shares: Vec<Vec<Window>> = (0..threads).map(|_| Vec::new()).collect();
+    let mut shares: Vec<Vec<Windows>> = (0..threads).map(|_| Vec::new()).collect();
     for (i, window) in windows.into_iter().enumerate() {
         shares[i % threads].push(window);
     }
@@ -534,14 +773,18 @@ fn newest_states(windows: Vec<Window>, partitions: u32) -> Result<Decoded, Store
     Ok((all, highest))
 }
 
-/// Decodes `share` (windows of a log of `partitions` partitions) into a shard each.
-fn decode_share(share: Vec<Window>, partitions: u32) -> Result<Decoded, StoreError> {
+/// Decodes `share` (windows of a log of `partitions` partitions, and of its shelf) into a
+/// shard each.
+fn decode_share(share: Vec<Windows>, partitions: u32) -> Result<Decoded, StoreError> {
     let mut shards = Vec::with_capacity(share.len());
     let mut highest = 0;
-    for window in share {
-        let partition = window.partition;
-        let mut states = Vec::with_capacity(window.records.len());
-        for record in window.records {
+    for Windows { log, shelf } in share {
+        let partition = log.partition;
+        let shelved = shelf.into_iter().flat_map(|window| window.records);
+        let records = (log.records.into_iter().map(|record| (false, record)))
+            .chain(shelved.map(|record| (true, record)));
+        let mut states = Vec::new();
+        for (on_shelf, record) in records {
             let offset = record.offset;
             let decode_error = |message: String| StoreError::Decode {
                 partition,
@@ -568,25 +811,31 @@ fn decode_share(share: Vec<Window>, partitions: u32) -> Result<Decoded, StoreErr
             } else {
                 Bytes::from(encoding::encode(&state).map_err(|e| decode_error(e.to_string()))?)
             };
+            let at = if on_shelf {
+                At::Shelf(offset)
+            } else {
+                At::Log(offset)
+            };
             let cached = Cached {
                 version: state.version,
                 bytes,
-                offset,
+                at,
             };
             states.push((state.key, cached));
         }
-        // Newest version first within a key, its first write first (a refresh writes the
-        // same version again), then keep the first of each key.
+        // Newest version first within a key, the record of it to keep first (a refresh
+        // writes the same version again, a shelving copies it), then keep the first of each
+        // key.
         states.sort_unstable_by(|(a, x), (b, y)| {
             a.cmp(b)
                 .then(y.version.cmp(&x.version))
-                .then(x.offset.cmp(&y.offset))
+                .then(x.at.preferred(y.at))
         });
         states.dedup_by(|later, first| later.0 == first.0);
         let mut shard = Shard::default();
         // Sorted by key, so each scope's states come together, in order.
         for (key, cached) in states {
-            shard.written.add(cached.offset);
+            shard.count(cached.at);
             let StateKey {
                 scope,
                 sequence,
@@ -611,22 +860,30 @@ mod tests {
     use super::{LogStore, MarkerStrategy};
     use crate::log::MemoryLog;
 
+    /// A store over in-memory logs, with a shelf when `shelf`.
+    fn store(partitions: u32, strategy: MarkerStrategy, shelf: bool) -> Arc<LogStore> {
+        let log = Arc::new(MemoryLog::new(partitions));
+        let store = LogStore::new(log, strategy, crate::store::Incarnation::random());
+        if !shelf {
+            return Arc::new(store);
+        }
+        let shelf = Arc::new(MemoryLog::new(partitions));
+        Arc::new(store.with_shelf(shelf).expect("as many partitions"))
+    }
+
     mod offsets {
         use super::*;
-        crate::store_conformance_tests!(|partitions| Arc::new(LogStore::new(
-            Arc::new(MemoryLog::new(partitions)),
-            MarkerStrategy::Offsets,
-            crate::store::Incarnation::random()
-        )));
+        crate::store_conformance_tests!(|p| store(p, MarkerStrategy::Offsets, true));
     }
 
     mod refresh {
         use super::*;
-        crate::store_conformance_tests!(|partitions| Arc::new(LogStore::new(
-            Arc::new(MemoryLog::new(partitions)),
-            MarkerStrategy::Refresh,
-            crate::store::Incarnation::random()
-        )));
+        crate::store_conformance_tests!(|p| store(p, MarkerStrategy::Refresh, true));
+    }
+
+    mod without_a_shelf {
+        use super::*;
+        crate::store_conformance_tests!(|p| store(p, MarkerStrategy::Offsets, false));
     }
 
     use crate::event::Event;
@@ -664,9 +921,7 @@ mod tests {
             crate::store::Incarnation::random(),
         );
         store
-            .rebuild(&Marker {
-                offsets: vec![0, 0],
-            })
+            .rebuild(&Marker::at(vec![0, 0]))
             .await
             .expect("rebuild");
         assert_eq!(store.get(&old.key), Some(old.clone()));
@@ -695,9 +950,7 @@ mod tests {
             crate::store::Incarnation::random(),
         );
         let error = store
-            .rebuild(&Marker {
-                offsets: vec![0, 0],
-            })
+            .rebuild(&Marker::at(vec![0, 0]))
             .await
             .expect_err("a misplaced state");
         assert!(matches!(error, StoreError::Misplaced { .. }), "{error:?}");
@@ -708,5 +961,100 @@ mod tests {
                 && message.contains("t/a/k"),
             "{message}"
         );
+    }
+
+    /// A store over in-memory logs of one partition with a shelf, and both logs.
+    fn shelved(strategy: MarkerStrategy) -> (LogStore, Arc<MemoryLog>, Arc<MemoryLog>) {
+        let (log, shelf) = (Arc::new(MemoryLog::new(1)), Arc::new(MemoryLog::new(1)));
+        let store = LogStore::new(
+            Arc::clone(&log) as Arc<dyn Log>,
+            strategy,
+            crate::store::Incarnation::random(),
+        )
+        .with_shelf(Arc::clone(&shelf) as Arc<dyn Log>)
+        .expect("as many partitions");
+        (store, log, shelf)
+    }
+
+    fn input(key: &str, sequence: u64) -> ActionState {
+        let mut state = state(key);
+        state.key.sequence = sequence;
+        state
+    }
+
+    async fn end(log: &MemoryLog) -> u64 {
+        log.bounds(0).await.expect("bounds").1
+    }
+
+    /// Finished inputs of key "busy", pruned as a checkpoint would.
+    async fn traffic(store: &LogStore, inputs: std::ops::RangeInclusive<u64>, shelve: bool) {
+        for sequence in inputs {
+            let done = input("busy", sequence);
+            store.put(&done).await.expect("put");
+            if shelve {
+                store
+                    .shelve(&done.key.scope, sequence)
+                    .await
+                    .expect("shelve");
+            }
+            store.prune(&done.key.scope, sequence).await.expect("prune");
+        }
+    }
+
+    /// A shelved input's records no longer hold the log's marker back (`offsets`), nor are
+    /// they appended again (`refresh`).
+    #[tokio::test]
+    async fn a_shelved_input_holds_no_marker_back() {
+        for strategy in [MarkerStrategy::Offsets, MarkerStrategy::Refresh] {
+            let (store, log, shelf) = shelved(strategy);
+            let waiting = input("waits", 1);
+            store.put(&waiting).await.expect("put");
+            store.shelve(&waiting.key.scope, 1).await.expect("shelve");
+            assert_eq!(end(&shelf).await, 1, "{strategy:?}: one copy on the shelf");
+            traffic(&store, 1..=10, false).await;
+            let before = end(&log).await;
+            let marker = store.marker().await.expect("marker");
+            assert_eq!(marker.offsets, vec![before], "{strategy:?}: the log's end");
+            assert_eq!(marker.shelf, vec![0], "{strategy:?}: the shelved copy");
+            assert_eq!(
+                end(&log).await,
+                before,
+                "{strategy:?}: nothing appended again"
+            );
+            assert_eq!(end(&shelf).await, 1, "{strategy:?}: nor shelved again");
+        }
+    }
+
+    /// Shelved inputs that woke and finished leave dead copies on the shelf: once they
+    /// outnumber the live ones past the slack, a marker moves the live copies to the end,
+    /// so that retention deletes the rest.
+    #[tokio::test]
+    async fn the_shelf_moves_its_live_states_on_so_that_the_rest_can_be_deleted() {
+        let (store, _, shelf) = shelved(MarkerStrategy::Offsets);
+        let waiting = input("waits", 1);
+        store.put(&waiting).await.expect("put");
+        store.shelve(&waiting.key.scope, 1).await.expect("shelve");
+        traffic(&store, 1..=super::SHELF_SLACK, true).await;
+        let marker = store.marker().await.expect("marker");
+        assert_eq!(marker.shelf, vec![0], "within the slack: nothing moves");
+        traffic(
+            &store,
+            super::SHELF_SLACK + 1..=super::SHELF_SLACK + 2,
+            true,
+        )
+        .await;
+        let shelved = end(&shelf).await;
+        let marker = store.marker().await.expect("marker");
+        assert_eq!(end(&shelf).await, shelved + 1, "the one live state moved");
+        assert_eq!(marker.shelf, vec![shelved]);
+        store.retain(&marker).await.expect("retain");
+        assert_eq!(shelf.bounds(0).await.expect("bounds").0, shelved);
+        store
+            .prune(&waiting.key.scope, u64::MAX)
+            .await
+            .expect("prune");
+        store.rebuild(&marker).await.expect("rebuild");
+        let restored = store.get(&waiting.key).map(|state| state.key);
+        assert_eq!(restored, Some(waiting.key), "restored from its new copy");
     }
 }

@@ -3,7 +3,7 @@
 //! Nothing survives the process; it is the model the durable stores are tested against and
 //! the store of a one-off `rewind run` without a state directory.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -21,14 +21,54 @@ pub const DEFAULT_PARTITIONS: u32 = 4;
 struct Cached {
     /// Shared with the log's copy of the same write.
     state: Arc<ActionState>,
-    /// Offset of this state's newest write in its partition.
-    offset: u64,
+    /// Where its newest version lies.
+    at: At,
+}
+
+/// Where a cached state's newest version lies: the offset of its write in its partition
+/// of the log, or of its copy on the shelf.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum At {
+    Log(u64),
+    Shelf(u64),
+}
+
+/// One partition of an in-memory log: its records from `start` on.
+#[derive(Debug, Default)]
+struct Partition {
+    start: u64,
+    records: VecDeque<Arc<ActionState>>,
+}
+
+impl Partition {
+    fn end(&self) -> u64 {
+        self.start + self.records.len() as u64
+    }
+
+    fn push(&mut self, state: Arc<ActionState>) -> u64 {
+        self.records.push_back(state);
+        self.end() - 1
+    }
+
+    fn delete_below(&mut self, offset: u64) {
+        while self.start < offset && self.records.pop_front().is_some() {
+            self.start += 1;
+        }
+    }
+
+    /// Its records from `from` on, with their offsets; `None` when it does not hold `from`.
+    fn read_from(&self, from: u64) -> Option<impl Iterator<Item = (u64, &Arc<ActionState>)>> {
+        let skip = usize::try_from(from.checked_sub(self.start)?).ok()?;
+        (from <= self.end()).then(|| (from..).zip(self.records.iter().skip(skip)))
+    }
 }
 
 #[derive(Debug, Default)]
 struct Inner {
-    /// The "log": every write ever made, per partition; offset = index.
-    partitions: Vec<Vec<Arc<ActionState>>>,
+    /// The "log": every write not deleted by retention, per partition.
+    partitions: Vec<Partition>,
+    /// The shelf: copies of the states of waiting inputs, per partition.
+    shelf: Vec<Partition>,
     cache: BTreeMap<StateKey, Cached>,
 }
 
@@ -50,10 +90,11 @@ impl Default for InMemoryStore {
 
 impl InMemoryStore {
     pub fn new(partitions: u32) -> Self {
-        let partitions = (0..partitions.max(1)).map(|_| Vec::new()).collect();
+        let partitions = partitions.max(1);
         Self {
             inner: Mutex::new(Inner {
-                partitions,
+                partitions: (0..partitions).map(|_| Partition::default()).collect(),
+                shelf: (0..partitions).map(|_| Partition::default()).collect(),
                 cache: BTreeMap::new(),
             }),
             next_version: AtomicU64::new(1),
@@ -80,10 +121,6 @@ fn partition_count(inner: &Inner) -> u32 {
     u32::try_from(inner.partitions.len()).unwrap_or(u32::MAX)
 }
 
-fn offset_of(len: usize) -> u64 {
-    len as u64
-}
-
 #[async_trait]
 impl ActionStateStore for InMemoryStore {
     async fn put(&self, state: &ActionState) -> Result<Version, StoreError> {
@@ -94,12 +131,9 @@ impl ActionStateStore for InMemoryStore {
         });
         let mut inner = self.lock();
         let partition = state.key.scope.partition(partition_count(&inner)) as usize;
-        let log = &mut inner.partitions[partition];
-        let offset = offset_of(log.len());
-        log.push(Arc::clone(&state));
-        inner
-            .cache
-            .insert(state.key.clone(), Cached { state, offset });
+        let offset = inner.partitions[partition].push(Arc::clone(&state));
+        let at = At::Log(offset);
+        inner.cache.insert(state.key.clone(), Cached { state, at });
         Ok(version)
     }
 
@@ -141,54 +175,95 @@ impl ActionStateStore for InMemoryStore {
     async fn marker(&self) -> Result<Marker, StoreError> {
         let inner = self.lock();
         let count = partition_count(&inner);
-        let mut offsets: Vec<u64> = inner
-            .partitions
-            .iter()
-            .map(|log| offset_of(log.len()))
-            .collect();
+        let mut offsets: Vec<u64> = inner.partitions.iter().map(Partition::end).collect();
+        let mut shelf: Vec<u64> = inner.shelf.iter().map(Partition::end).collect();
         for cached in inner.cache.values() {
             let partition = cached.state.key.scope.partition(count) as usize;
-            offsets[partition] = offsets[partition].min(cached.offset);
+            let (offsets, offset) = match cached.at {
+                At::Log(offset) => (&mut offsets, offset),
+                At::Shelf(offset) => (&mut shelf, offset),
+            };
+            offsets[partition] = offsets[partition].min(offset);
         }
-        Ok(Marker { offsets })
+        Ok(Marker { offsets, shelf })
     }
 
     async fn rebuild(&self, marker: &Marker) -> Result<(), StoreError> {
         let mut inner = self.lock();
-        if marker.offsets.len() != inner.partitions.len() {
+        let partitions = inner.partitions.len();
+        if marker.offsets.len() != partitions {
             return Err(StoreError::PartitionCountChanged {
                 marker: marker.offsets.len(),
-                log: inner.partitions.len(),
+                log: partitions,
+            });
+        }
+        if !marker.shelf.is_empty() && marker.shelf.len() != partitions {
+            return Err(StoreError::ShelfChanged {
+                expected: marker.shelf.len(),
+                shelf: partitions,
             });
         }
         let mut newest: HashMap<StateKey, Cached> = HashMap::new();
-        for (partition, (log, &from)) in inner.partitions.iter().zip(&marker.offsets).enumerate() {
-            let end = offset_of(log.len());
-            if from > end {
-                return Err(StoreError::MarkerOutOfRange {
-                    partition: u32::try_from(partition).unwrap_or(u32::MAX),
-                    offset: from,
-                    start: 0,
-                    end,
+        let logs = (inner.partitions.iter().zip(&marker.offsets))
+            .map(|(log, &from)| (log, from, false))
+            .chain(inner.shelf.iter().enumerate().map(|(partition, shelf)| {
+                let from = marker.shelf.get(partition).copied().unwrap_or(shelf.start);
+                (shelf, from, true)
+            }));
+        for (partition, (log, from, on_shelf)) in logs.enumerate() {
+            let records = log.read_from(from).ok_or(StoreError::MarkerOutOfRange {
+                partition: u32::try_from(partition % partitions).unwrap_or(u32::MAX),
+                offset: from,
+                start: log.start,
+                end: log.end(),
+            })?;
+            for (offset, state) in records {
+                let at = if on_shelf {
+                    At::Shelf(offset)
+                } else {
+                    At::Log(offset)
+                };
+                // The newest version; of one version, its newest copy on the shelf.
+                let keep = newest.get(&state.key).is_none_or(|seen| {
+                    seen.state.version < state.version
+                        || (seen.state.version == state.version && on_shelf)
                 });
-            }
-            let start = usize::try_from(from).unwrap_or(usize::MAX);
-            for (offset, state) in log.iter().enumerate().skip(start) {
-                let keep = newest
-                    .get(&state.key)
-                    .is_none_or(|seen| seen.state.version < state.version);
                 if keep {
-                    newest.insert(
-                        state.key.clone(),
-                        Cached {
-                            state: Arc::clone(state),
-                            offset: offset_of(offset),
-                        },
-                    );
+                    let state = Arc::clone(state);
+                    newest.insert(state.key.clone(), Cached { state, at });
                 }
             }
         }
         inner.cache = newest.into_iter().collect();
+        Ok(())
+    }
+
+    async fn shelve(&self, scope: &KeyScope, sequence: u64) -> Result<(), StoreError> {
+        let mut inner = self.lock();
+        let count = partition_count(&inner);
+        let keys: Vec<StateKey> = in_scope(&inner.cache, scope, sequence)
+            .filter(|(key, cached)| key.sequence == sequence && matches!(cached.at, At::Log(_)))
+            .map(|(key, _)| key.clone())
+            .collect();
+        for key in keys {
+            let Inner { shelf, cache, .. } = &mut *inner;
+            let Some(cached) = cache.get_mut(&key) else {
+                continue;
+            };
+            let offset = shelf[key.scope.partition(count) as usize].push(Arc::clone(&cached.state));
+            cached.at = At::Shelf(offset);
+        }
+        Ok(())
+    }
+
+    async fn retain(&self, marker: &Marker) -> Result<(), StoreError> {
+        let mut inner = self.lock();
+        for (log, &offset) in inner.partitions.iter_mut().zip(&marker.offsets) {
+            log.delete_below(offset);
+        }
+        for (shelf, &offset) in inner.shelf.iter_mut().zip(&marker.shelf) {
+            shelf.delete_below(offset);
+        }
         Ok(())
     }
 }

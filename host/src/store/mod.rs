@@ -22,10 +22,28 @@ pub use state::{
     KeyScope, MemoryWrite, RandomKey, SIGNALS_ACTION, StateKey, Version, Wait, Waiting,
 };
 
-/// Where recovery starts reading the log: one offset per partition.
+/// The directory of a store's shelf inside its file log's directory (beside the
+/// partitions' directories).
+pub const SHELF_DIR: &str = "shelf";
+
+/// Where recovery starts reading the log: one offset per partition; and, for a store with
+/// a shelf, where it starts reading the shelf (empty: from the shelf's start, as a marker
+/// of a build before shelves reads it).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Marker {
     pub offsets: Vec<u64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shelf: Vec<u64>,
+}
+
+impl Marker {
+    /// A marker of the log alone (the shelf, if any, read from its start).
+    pub fn at(offsets: Vec<u64>) -> Self {
+        Self {
+            offsets,
+            shelf: Vec::new(),
+        }
+    }
 }
 
 /// Why a store operation failed.
@@ -48,6 +66,12 @@ pub enum StoreError {
         start: u64,
         end: u64,
     },
+    #[error(
+        "the shelf (where waiting inputs' states are set aside) has {shelf} partitions where \
+         {expected} are expected: it was made with another partition count, or the store was \
+         opened without the shelf the checkpoint was taken with"
+    )]
+    ShelfChanged { expected: usize, shelf: usize },
     #[error("cannot encode the state {key}: {message}")]
     Encode { key: String, message: String },
     #[error(
@@ -131,11 +155,30 @@ pub trait ActionStateStore: Send + Sync + std::fmt::Debug {
     /// marker stays valid.
     async fn marker(&self) -> Result<Marker, StoreError>;
 
-    /// Replaces the cache with the states the log holds from `marker` to its end, keeping the
-    /// highest version of each.
+    /// Replaces the cache with the states the log holds from `marker` to its end, and those
+    /// its shelf holds from the marker's shelf offsets, keeping the highest version of each.
     ///
     /// Fails without changing the cache when the marker does not fit the log: another
-    /// partition count ([`StoreError::PartitionCountChanged`]) or an offset the log no longer
-    /// holds ([`StoreError::MarkerOutOfRange`]).
+    /// partition count ([`StoreError::PartitionCountChanged`], [`StoreError::ShelfChanged`])
+    /// or an offset the log no longer holds ([`StoreError::MarkerOutOfRange`]).
     async fn rebuild(&self, marker: &Marker) -> Result<(), StoreError>;
+
+    /// Sets aside the cached states of input `sequence` of `scope`, which waits (a durable
+    /// wait) and will not write them until it runs again: the store copies them to its
+    /// shelf, a log of their own, after which no [`marker`](Self::marker) keeps the log's
+    /// records where they were written (so a long wait holds no retention back, and a
+    /// `refresh` marker does not append them again). A later [`put`](Self::put) of one of
+    /// them makes its new version a state of the log again, as any other.
+    ///
+    /// When this returns `Ok`, a rebuild from any marker taken after it restores those
+    /// states, however far [`retain`](Self::retain) deleted the log. A store without a
+    /// shelf keeps them where they are. On `Err`, the states stay where they were: nothing
+    /// is lost, and their records hold retention back until the input runs again.
+    async fn shelve(&self, scope: &KeyScope, sequence: u64) -> Result<(), StoreError>;
+
+    /// Retention: deletes what no rebuild from `marker` or a later marker of this store
+    /// reads (log and shelf records below the marker's offsets; whole segments, so some may
+    /// stay). A rebuild from an earlier marker may fail after it with
+    /// [`StoreError::MarkerOutOfRange`].
+    async fn retain(&self, marker: &Marker) -> Result<(), StoreError>;
 }

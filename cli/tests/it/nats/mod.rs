@@ -99,11 +99,19 @@ fn fenced(partitions: u32, group_commit: bool) -> Arc<dyn Log> {
     Arc::new(Guarded::new(log, server))
 }
 
-/// The store's conformance suite over the JetStream log, with either marker strategy.
+/// The store's conformance suite over the JetStream log, with either marker strategy (the
+/// fenced and grouped logs with a shelf, as a cluster has).
 mod store {
     use std::sync::Arc;
 
+    use rewind_host::log::Log;
     use rewind_host::store::{LogStore, MarkerStrategy};
+
+    /// A store over `log`, shelving on `shelf` (as a cluster's partitions do).
+    fn shelved(log: Arc<dyn Log>, shelf: Arc<dyn Log>, strategy: MarkerStrategy) -> Arc<LogStore> {
+        let store = LogStore::new(log, strategy, rewind_host::store::Incarnation::random());
+        Arc::new(store.with_shelf(shelf).expect("as many partitions"))
+    }
 
     mod offsets {
         use super::*;
@@ -125,38 +133,38 @@ mod store {
 
     mod fenced_offsets {
         use super::*;
-        rewind_host::store_conformance_tests!(|partitions| Arc::new(LogStore::new(
+        rewind_host::store_conformance_tests!(|partitions| shelved(
+            super::super::fenced_jetstream_log(partitions),
             super::super::fenced_jetstream_log(partitions),
             MarkerStrategy::Offsets,
-            rewind_host::store::Incarnation::random()
-        )));
+        ));
     }
 
     mod fenced_refresh {
         use super::*;
-        rewind_host::store_conformance_tests!(|partitions| Arc::new(LogStore::new(
+        rewind_host::store_conformance_tests!(|partitions| shelved(
+            super::super::fenced_jetstream_log(partitions),
             super::super::fenced_jetstream_log(partitions),
             MarkerStrategy::Refresh,
-            rewind_host::store::Incarnation::random()
-        )));
+        ));
     }
 
     mod grouped_offsets {
         use super::*;
-        rewind_host::store_conformance_tests!(|partitions| Arc::new(LogStore::new(
+        rewind_host::store_conformance_tests!(|partitions| shelved(
+            super::super::grouped_jetstream_log(partitions),
             super::super::grouped_jetstream_log(partitions),
             MarkerStrategy::Offsets,
-            rewind_host::store::Incarnation::random()
-        )));
+        ));
     }
 
     mod grouped_refresh {
         use super::*;
-        rewind_host::store_conformance_tests!(|partitions| Arc::new(LogStore::new(
+        rewind_host::store_conformance_tests!(|partitions| shelved(
+            super::super::grouped_jetstream_log(partitions),
             super::super::grouped_jetstream_log(partitions),
             MarkerStrategy::Refresh,
-            rewind_host::store::Incarnation::random()
-        )));
+        ));
     }
 }
 

@@ -25,6 +25,7 @@ async fn start_host(url: String, layout: Layout, host: usize) -> Result<(), Stri
         .flat_map(|p| {
             [
                 layout.state_stream(p),
+                layout.shelf_stream(p),
                 layout.output_stream(p),
                 layout.checkpoint_stream(p),
             ]
