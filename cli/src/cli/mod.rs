@@ -121,11 +121,12 @@ impl CrashHook {
 /// The environment variables that are test hooks: they kill the process at a durable
 /// boundary, count the boundaries it reaches, or make its clocks and random sources
 /// predictable.
-const TEST_HOOKS: [&str; 4] = [
+const TEST_HOOKS: [&str; 5] = [
     rewind_host::crash::ENV,
     rewind_host::crash::COUNT_ENV,
     rewind_host::durable::SEED_ENV,
     rewind_host::functions::SKIP_TIME_ENV,
+    rewind_host::agent::script::SIGNALS_ENV,
 ];
 
 /// Arms the test hooks that `rewind run` and `rewind test` honour (a crash point, seeded

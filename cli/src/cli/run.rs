@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use indicatif::{ProgressBar, ProgressStyle};
+use rewind_host::agent::script::Script;
 use rewind_host::agent::{Agent, AgentFile, JsonlSink, input};
 use rewind_host::commands::{CommandDir, Outcome};
 use rewind_host::keys::{Checkpointing, Progress, RunOptions, Summary, run_inputs};
@@ -74,11 +75,23 @@ pub async fn run(args: RunArgs, sandbox: Sandbox) -> anyhow::Result<ExitCode> {
             checkpoint.input_position
         );
     }
+    // A test hook (`rewind test --signals`): signals delivered as runs reach calls and waits.
+    let script = match std::env::var_os(rewind_host::agent::script::SIGNALS_ENV) {
+        Some(path) => Some(Script::read(Path::new(&path), &file.config.signals())?),
+        None => None,
+    };
     let mut builder = Agent::builder(file, Arc::new(sandbox)).store(recovered.store.clone());
     // A test hook (`rewind test`): durable waits end at once, in order.
     if std::env::var_os(rewind_host::functions::SKIP_TIME_ENV).is_some() {
         tracing::warn!("time skips: durable waits end at once");
         builder = builder.clock(Arc::new(rewind_host::functions::SkippingClock::default()));
+    }
+    if let Some(script) = script {
+        tracing::warn!(
+            signals = script.signals.len(),
+            "delivering the script's signals"
+        );
+        builder = builder.signal_script(script);
     }
     let agent = Arc::new(builder.build()?);
     if !args.no_preflight {

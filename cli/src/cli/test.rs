@@ -31,6 +31,13 @@ pub struct TestArgs {
     /// retryable answer, 5xx, 429 or 408, is not kept).
     #[arg(long)]
     responses: Option<PathBuf>,
+    /// Signals to deliver, JSON Lines: {"name": NAME, "payload": {..}, "key": KEY,
+    /// "sequence": N, "at_wait": N | "after_call": N}; only `name` is needed. Each is put
+    /// in an input's inbox as the action reaches its Nth wait (default the first) or once
+    /// its Nth durable call is recorded, once per input; without `key` or `sequence`, for
+    /// every input. Time skips in every run, so a day's wait for a person takes no time.
+    #[arg(long)]
+    signals: Option<PathBuf>,
     /// `FROM=TO`: replace URL prefix FROM of the agent's endpoints with TO.
     #[arg(long = "rewrite", value_name = "FROM=TO")]
     rewrites: Vec<String>,
@@ -75,6 +82,7 @@ pub async fn test(
         cache_dir,
         rewrites,
         scripts,
+        signals: args.signals.clone(),
     };
     let report = kit.run(&at).await?;
     print!("{}", report.table());
@@ -106,6 +114,9 @@ pub async fn test(
         }
         if let Some(responses) = &args.responses {
             rerun.push_str(&format!(" --responses {}", responses.display()));
+        }
+        if let Some(signals) = &args.signals {
+            rerun.push_str(&format!(" --signals {}", signals.display()));
         }
         println!("rerun: {rerun}");
     }

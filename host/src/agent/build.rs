@@ -5,9 +5,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::config::{AgentFile, FunctionConfig, FunctionKind, FunctionRetryConfig};
+use super::script::{Delivering, Script};
 use super::{Action, Agent, DEFAULT_TENANT};
 use crate::backoff::Backoff;
-use crate::durable::{CallBudget, CallPolicy, InDoubtPolicy};
+use crate::durable::{CallBudget, CallPolicy, InDoubtPolicy, SignalScript};
 use crate::functions::{
     AllowedHosts, Clock, DEFAULT_MAX_RESPONSE_BYTES, Function, Functions, HttpConfig, HttpFunction,
     OpenAiChatConfig, OpenAiChatFunction, RandomFunction, RetryPolicy, SystemClock, TimeFunction,
@@ -97,6 +98,7 @@ pub struct AgentBuilder {
     secrets: Secrets,
     allowed_hosts: Option<AllowedHosts>,
     budget: Option<Arc<dyn CallBudget>>,
+    script: Option<Script>,
 }
 
 impl AgentBuilder {
@@ -111,7 +113,15 @@ impl AgentBuilder {
             secrets: Secrets::default(),
             allowed_hosts: None,
             budget: None,
+            script: None,
         }
+    }
+
+    /// Signals delivered as runs reach calls and waits: a test's script (`rewind test
+    /// --signals`), read with the agent's declared signals ([`AgentConfig::signals`]).
+    pub fn signal_script(mut self, script: Script) -> Self {
+        self.script = Some(script);
+        self
     }
 
     /// Where named secrets come from. Default: the environment.
@@ -252,7 +262,7 @@ impl AgentBuilder {
                 function: function.clone(),
             });
         }
-
+        let store = (self.store).unwrap_or_else(|| Arc::new(InMemoryStore::default()));
         Ok(Agent {
             tenant: self.tenant,
             name: agent,
@@ -272,15 +282,17 @@ impl AgentBuilder {
                     .map(|action| (action.name.clone(), action.signals.clone()))
                     .collect(),
                 clock: Some(Arc::clone(&self.clock)),
+                script: self.script.map(|script| {
+                    let store = Arc::clone(&store);
+                    Arc::new(Delivering { script, store }) as Arc<dyn SignalScript>
+                }),
             }),
             limits: config.limits,
             unhandled_events: config.unhandled_events,
             parallelism: config.parallelism,
             retry: config.retry,
             sandbox: self.sandbox,
-            store: self
-                .store
-                .unwrap_or_else(|| Arc::new(InMemoryStore::default())),
+            store,
         })
     }
 }

@@ -301,6 +301,13 @@ impl AgentFile {
 }
 
 impl AgentConfig {
+    /// The signals its actions declare (`signals = [...]`), each once.
+    pub fn signals(&self) -> Vec<&str> {
+        let all = (self.actions.iter()).flat_map(|action| action.signals.iter());
+        let names: std::collections::BTreeSet<&str> = all.map(String::as_str).collect();
+        names.into_iter().collect()
+    }
+
     fn validate(&self) -> Result<(), String> {
         if self.name.trim().is_empty() {
             return Err("`name` is empty".to_owned());

@@ -5,6 +5,7 @@ mod build;
 mod config;
 pub mod input;
 pub mod output;
+pub mod script;
 mod signal;
 mod task;
 
@@ -29,7 +30,7 @@ use crate::durable::digest::{input_trigger, sent_trigger};
 use crate::durable::taken_signals;
 use crate::durable::{CallPolicy, CallStats, CallsByFunction, DurableCalls};
 use crate::event::{Event, INPUT_KIND, Input, OUTPUT_KIND, Output, OutputId};
-use crate::functions::Functions;
+use crate::functions::{Functions, RunSlot};
 use crate::sandbox::{ActionComponent, Limits, RunError, RunInput, RunLabels, Sandbox};
 use crate::store::{ActionState, ActionStateStore, Completion, Digest, KeyScope, StateKey};
 
@@ -66,6 +67,14 @@ pub struct Agent {
     retry: RetryConfig,
     sandbox: Arc<Sandbox>,
     store: Arc<dyn ActionStateStore>,
+}
+
+/// How the host holds one input's run: the token an operator's cancel trips, and the run
+/// slot the run holds, which its calls let go of while they wait between attempts.
+#[derive(Clone, Debug, Default)]
+pub struct Control {
+    pub cancel: CancellationToken,
+    pub slot: Option<Arc<dyn RunSlot>>,
 }
 
 /// What processing one input did.
@@ -219,18 +228,19 @@ impl Agent {
     /// Callers keep inputs of one key in order and one at a time, each given the memory
     /// the one before left.
     pub async fn process(&self, input: &Input, memory: &Memory) -> InputReport {
-        self.process_until(input, memory, &CancellationToken::new())
-            .await
+        self.process_until(input, memory, &Control::default()).await
     }
 
-    /// [`process`](Self::process), stopped at the next durable call once `cancel` is
-    /// cancelled (the input then fails with [`Fault::Cancelled`](crate::durable::Fault)).
+    /// [`process`](Self::process) under the host's `control`: stopped at the next durable
+    /// call once its token is cancelled (the input then fails with
+    /// [`Fault::Cancelled`](crate::durable::Fault)), its run slot lent to its calls.
     pub async fn process_until(
         &self,
         input: &Input,
         memory: &Memory,
-        cancel: &CancellationToken,
+        control: &Control,
     ) -> InputReport {
+        let cancel = &control.cancel;
         let mut report = InputReport {
             memory: Arc::clone(memory),
             ..InputReport::default()
@@ -283,6 +293,7 @@ impl Agent {
                             state,
                         )
                         .cancelled_by(cancel.clone())
+                        .holding(control.slot.clone())
                         .with_signals_taken(taken.iter().copied());
                         match self
                             .run_action(action, input, &event, durable, &mut report)
@@ -342,12 +353,12 @@ impl Agent {
         self: &Arc<Self>,
         input: &Input,
         memory: &Memory,
-        cancel: &CancellationToken,
+        control: &Control,
     ) -> InputReport {
         let task = task::AbortOnDrop(tokio::spawn({
             let agent = Arc::clone(self);
-            let (input, memory, cancel) = (input.clone(), Arc::clone(memory), cancel.clone());
-            async move { agent.process_until(&input, &memory, &cancel).await }
+            let (input, memory, control) = (input.clone(), Arc::clone(memory), control.clone());
+            async move { agent.process_until(&input, &memory, &control).await }
         }));
         match task.await {
             Ok(report) => report,

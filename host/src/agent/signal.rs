@@ -141,59 +141,7 @@ impl Agent {
                 declared: format!("{:?}", self.signals()),
             });
         }
-        let inbox_key = StateKey::signals(&self.scope(key), sequence);
-        let mut inbox = self.store.get(&inbox_key).unwrap_or_else(|| {
-            let mut inbox = ActionState::new(inbox_key, Event::new("signals", "{}"));
-            inbox.incarnation = Some(self.store.incarnation());
-            inbox
-        });
-        let delivered = |repeat| Delivered { sequence, repeat };
-        if inbox
-            .calls
-            .iter()
-            .any(|call| call.idempotency_key == signal.id)
-        {
-            return Ok(delivered(true));
-        }
-        let carried: usize = (inbox.calls.iter())
-            .map(|call| match &call.outcome {
-                CallOutcome::Succeeded(payload) => payload.len(),
-                _ => 0,
-            })
-            .sum();
-        if inbox.calls.len() >= MAX_SIGNALS_PER_INPUT
-            || carried + signal.payload.len() > MAX_INBOX_BYTES
-        {
-            return Err(SignalError::Full {
-                key: key.to_owned(),
-                sequence,
-            });
-        }
-        inbox.calls.push(CallRecord {
-            function: signal.name.clone(),
-            args_digest: Digest::of(&[signal.id.as_bytes()]),
-            idempotency_key: signal.id.clone(),
-            outcome: CallOutcome::Succeeded(signal.payload.clone()),
-        });
-        match self.store.put(&inbox).await {
-            Ok(_) => {}
-            // Its signals take more than the log holds in one record: full.
-            Err(StoreError::TooLarge { .. }) => {
-                return Err(SignalError::Full {
-                    key: key.to_owned(),
-                    sequence,
-                });
-            }
-            Err(error) => {
-                return Err(SignalError::Host {
-                    key: key.to_owned(),
-                    sequence,
-                    name: signal.name.clone(),
-                    message: error.to_string(),
-                });
-            }
-        }
-        Ok(delivered(false))
+        put_signal(&*self.store, &self.scope(key), sequence, signal).await
     }
 
     /// Whether a signal `waiting` waits for was delivered to `key`'s input `sequence`: its
@@ -219,4 +167,69 @@ pub fn signal_came(
     inbox.is_some_and(|inbox| {
         (inbox.calls.iter()).any(|call| waiting.wait.signals.contains(&call.function))
     })
+}
+
+/// Puts `signal` in the inbox of input `sequence` of `scope` in `store`, durably, unless its
+/// id is there already (then a repeat). Deliveries to one input must not run at once (each
+/// reads the inbox and writes it whole).
+pub(super) async fn put_signal(
+    store: &dyn ActionStateStore,
+    scope: &KeyScope,
+    sequence: u64,
+    signal: &SignalIn,
+) -> Result<Delivered, SignalError> {
+    let key = &scope.key;
+    let inbox_key = StateKey::signals(scope, sequence);
+    let mut inbox = store.get(&inbox_key).unwrap_or_else(|| {
+        let mut inbox = ActionState::new(inbox_key, Event::new("signals", "{}"));
+        inbox.incarnation = Some(store.incarnation());
+        inbox
+    });
+    let delivered = |repeat| Delivered { sequence, repeat };
+    if inbox
+        .calls
+        .iter()
+        .any(|call| call.idempotency_key == signal.id)
+    {
+        return Ok(delivered(true));
+    }
+    let carried: usize = (inbox.calls.iter())
+        .map(|call| match &call.outcome {
+            CallOutcome::Succeeded(payload) => payload.len(),
+            _ => 0,
+        })
+        .sum();
+    if inbox.calls.len() >= MAX_SIGNALS_PER_INPUT
+        || carried + signal.payload.len() > MAX_INBOX_BYTES
+    {
+        return Err(SignalError::Full {
+            key: key.clone(),
+            sequence,
+        });
+    }
+    inbox.calls.push(CallRecord {
+        function: signal.name.clone(),
+        args_digest: Digest::of(&[signal.id.as_bytes()]),
+        idempotency_key: signal.id.clone(),
+        outcome: CallOutcome::Succeeded(signal.payload.clone()),
+    });
+    match store.put(&inbox).await {
+        Ok(_) => {}
+        // Its signals take more than the log holds in one record: full.
+        Err(StoreError::TooLarge { .. }) => {
+            return Err(SignalError::Full {
+                key: key.clone(),
+                sequence,
+            });
+        }
+        Err(error) => {
+            return Err(SignalError::Host {
+                key: key.clone(),
+                sequence,
+                name: signal.name.clone(),
+                message: error.to_string(),
+            });
+        }
+    }
+    Ok(delivered(false))
 }

@@ -9,10 +9,13 @@ use tokio_util::sync::CancellationToken;
 use super::ambient::AmbientSource;
 use super::digest::{args_digest, idempotency_key};
 use super::wait::{
-    MAX_SIGNAL_NAME_BYTES, MAX_SIGNAL_NAMES, Signal, Taken, WaitFor, Woke, taken_signals, unix_ms,
+    MAX_SIGNAL_NAME_BYTES, MAX_SIGNAL_NAMES, Reached, Signal, SignalScript, Taken, WaitFor, Woke,
+    is_wait, taken_signals, unix_ms,
 };
 use crate::crash::{self, CrashPoint};
-use crate::functions::{CallRequest, Clock, Function, FunctionError, Functions, Reconciled};
+use crate::functions::{
+    CallRequest, Clock, Function, FunctionError, Functions, Reconciled, RunSlot,
+};
 use crate::store::{
     ActionState, ActionStateStore, CallOutcome, CallRecord, Completion, Digest, StateKey,
     StoreError, Wait,
@@ -73,6 +76,8 @@ pub struct CallPolicy {
     /// What a wait reads the time from: when it ends, whether its time has come. `None`:
     /// the system's clock.
     pub clock: Option<Arc<dyn Clock>>,
+    /// A test's signals, delivered as runs reach calls and waits (`rewind test --signals`).
+    pub script: Option<Arc<dyn SignalScript>>,
 }
 
 impl CallPolicy {
@@ -159,6 +164,9 @@ pub enum Fault {
     /// A wait for signals its action does not declare, or for none, or for too many.
     #[error("await-signal: {0}")]
     BadSignalWait(String),
+    /// A signal of the test's script could not be delivered.
+    #[error("the test's signals script: {0}")]
+    Script(String),
 }
 
 /// Counts of what one run's calls did.
@@ -213,6 +221,9 @@ pub struct DurableCalls {
     by_function: CallsByFunction,
     /// Cancelled by an operator: no further call is made.
     cancel: CancellationToken,
+    /// The run slot the run holds, lent to its calls (they let go of it while they wait
+    /// between attempts).
+    slot: Option<Arc<dyn RunSlot>>,
     /// Inbox ids of the signals the input's other states took.
     taken: Taken,
 }
@@ -246,6 +257,7 @@ impl DurableCalls {
             stats: CallStats::default(),
             by_function: CallsByFunction::default(),
             cancel: CancellationToken::new(),
+            slot: None,
             taken: Taken::new(),
         }
     }
@@ -262,6 +274,13 @@ impl DurableCalls {
     #[must_use]
     pub fn cancelled_by(mut self, cancel: CancellationToken) -> Self {
         self.cancel = cancel;
+        self
+    }
+
+    /// Lends the run's slot to its calls ([`RunSlot`]).
+    #[must_use]
+    pub fn holding(mut self, slot: Option<Arc<dyn RunSlot>>) -> Self {
+        self.slot = slot;
         self
     }
 
@@ -300,6 +319,28 @@ impl DurableCalls {
     /// `Ok(Ok(json))` and `Ok(Err(CallError::Failed))` are recorded (and durable) before this
     /// returns; `Denied` and `UnknownFunction` are not recorded and do not take an index.
     pub async fn call(
+        &mut self,
+        function: &str,
+        args: &str,
+    ) -> Result<Result<String, CallError>, Fault> {
+        let answer = self.make_call(function, args).await?;
+        let made = (self.state.calls.iter().take(self.next))
+            .filter(|record| !is_wait(&record.function))
+            .count();
+        self.scripted(Reached::Call(u32::try_from(made).unwrap_or(u32::MAX)))
+            .await?;
+        Ok(answer)
+    }
+
+    /// Delivers what a test's script holds for `point`, if a script is given.
+    async fn scripted(&self, point: Reached) -> Result<(), Fault> {
+        let Some(script) = &self.policy.script else {
+            return Ok(());
+        };
+        (script.reached(&self.state.key, point).await).map_err(Fault::Script)
+    }
+
+    async fn make_call(
         &mut self,
         function: &str,
         args: &str,
@@ -365,10 +406,12 @@ impl DurableCalls {
             Some(key) => key.clone(),
             None => idempotency_key(&self.state, index, function, &digest),
         };
+        let slot = self.slot.clone();
         let request = CallRequest {
             function,
             args,
             idempotency_key: &key,
+            slot: slot.as_deref(),
         };
         let in_doubt = self.policy.in_doubt_for(function);
         if pending.is_some() {
@@ -619,6 +662,11 @@ impl DurableCalls {
                     .await?;
             }
         }
+        let waits = (self.state.calls.iter().take(index))
+            .filter(|record| is_wait(&record.function))
+            .count();
+        self.scripted(Reached::Wait(u32::try_from(waits + 1).unwrap_or(u32::MAX)))
+            .await?;
         let now = self.policy.now_ms();
         let first = recorded.is_none();
         let wait = recorded.unwrap_or_else(|| what.wait(now));
@@ -626,6 +674,7 @@ impl DurableCalls {
             function,
             args: &args,
             idempotency_key: &idempotency_key(&self.state, index, function, &digest),
+            slot: None,
         };
         let woke = match self.signal_for(&wait.signals) {
             Some(woke) => Some(woke),

@@ -17,6 +17,6 @@ pub use call::{
 };
 pub use resolve::{Answer, ResolveError, Resolved, resolve};
 pub use wait::{
-    AWAIT_SIGNAL, MAX_SIGNAL_NAME_BYTES, MAX_SIGNAL_NAMES, SLEEP, SLEEP_UNTIL, Signal, WaitFor,
-    taken_signals, unix_ms,
+    AWAIT_SIGNAL, MAX_SIGNAL_NAME_BYTES, MAX_SIGNAL_NAMES, Reached, SLEEP, SLEEP_UNTIL, Signal,
+    SignalScript, WaitFor, taken_signals, unix_ms,
 };

@@ -7,7 +7,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
-use crate::store::{ActionState, CallOutcome, Wait};
+use crate::store::{ActionState, CallOutcome, StateKey, Wait};
 
 /// The function name a `sleep` is recorded under. Names starting with `@` are the host's:
 /// no declared function has one.
@@ -17,9 +17,34 @@ pub const SLEEP_UNTIL: &str = "@sleep-until";
 /// The function name an `await-signal` is recorded under.
 pub const AWAIT_SIGNAL: &str = "@signal";
 
+/// Whether a record under `function` is a wait's.
+pub(super) fn is_wait(function: &str) -> bool {
+    matches!(function, SLEEP | SLEEP_UNTIL | AWAIT_SIGNAL)
+}
+
 /// Signal names one wait may list, and the bytes of one name.
 pub const MAX_SIGNAL_NAMES: usize = 32;
 pub const MAX_SIGNAL_NAME_BYTES: usize = 128;
+
+/// A point a run reaches where a test's script may deliver signals (`rewind test
+/// --signals`): counted in the action whose run reaches it, from 1.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reached {
+    /// The action's `n`th durable call (its waits not counted) has its record.
+    Call(u32),
+    /// The action reached its `n`th wait; what ends it is not decided yet.
+    Wait(u32),
+}
+
+/// Signals a test delivers as runs reach points ([`Reached`]): `rewind test --signals`.
+#[async_trait::async_trait]
+pub trait SignalScript: Send + Sync + std::fmt::Debug {
+    /// The run of the action state at `state` reached `point`: delivers into its input's
+    /// inbox the signals the script holds for there, each once per input (a run that
+    /// reaches the point again, after a crash, delivers nothing new). `Err` says why one
+    /// was not delivered.
+    async fn reached(&self, state: &StateKey, point: Reached) -> Result<(), String>;
+}
 
 /// What a run asks to wait for.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant, SystemTime};
 use async_trait::async_trait;
 use reqwest::StatusCode;
 
-use super::{AllowedHosts, CallRequest, Function, FunctionError, Reconciled};
+use super::{AllowedHosts, CallRequest, Function, FunctionError, Reconciled, RunSlot};
 use crate::backoff::{self, Backoff};
 
 /// Redirects followed before a call fails, as reqwest's default.
@@ -181,26 +181,36 @@ impl JsonPoster {
         &self.config.url
     }
 
-    /// POSTs `body` with the idempotency key, trying again as the [`RetryPolicy`] says.
-    pub async fn post(&self, body: String, idempotency_key: &str) -> Result<Answer, FunctionError> {
-        self.send(
+    /// POSTs `body` with the idempotency key, trying again as the [`RetryPolicy`] says (its
+    /// run `slot`, when given, let go of between attempts).
+    pub async fn post(
+        &self,
+        body: String,
+        idempotency_key: &str,
+        slot: Option<&dyn RunSlot>,
+    ) -> Result<Answer, FunctionError> {
+        let url = &self.config.url;
+        (self.send(
             reqwest::Method::POST,
-            &self.config.url,
+            url,
             Some(body),
             idempotency_key,
-        )
+            slot,
+        ))
         .await
     }
 
     /// Sends `method url` with the idempotency key (and `body`, as JSON), trying again as
-    /// the [`RetryPolicy`] says. The last answer is returned; when the last attempt got no
-    /// answer (a transport error), the remote is [`FunctionError::Unavailable`].
+    /// the [`RetryPolicy`] says, letting go of the run `slot` (when given) while it waits
+    /// between attempts. The last answer is returned; when the last attempt got no answer
+    /// (a transport error), the remote is [`FunctionError::Unavailable`].
     pub async fn send(
         &self,
         method: reqwest::Method,
         url: &str,
         body: Option<String>,
         idempotency_key: &str,
+        slot: Option<&dyn RunSlot>,
     ) -> Result<Answer, FunctionError> {
         let retry = self.config.retry;
         let started = Instant::now();
@@ -246,7 +256,10 @@ impl JsonPoster {
                 });
             }
             tracing::debug!(%url, attempt, ?wait, "trying again after {outcome:?}");
-            self.pause.pause(wait).await;
+            match slot {
+                Some(slot) => slot.away(self.pause.pause(wait)).await,
+                None => self.pause.pause(wait).await,
+            }
             attempt += 1;
         }
     }
@@ -399,7 +412,11 @@ impl Function for HttpFunction {
     async fn call(&self, request: CallRequest<'_>) -> Result<String, FunctionError> {
         let answer = self
             .poster
-            .post(request.args.to_owned(), request.idempotency_key)
+            .post(
+                request.args.to_owned(),
+                request.idempotency_key,
+                request.slot,
+            )
             .await?;
         json_result(self.poster.url(), answer).map(|value| value.to_string())
     }
@@ -417,7 +434,13 @@ impl Function for HttpFunction {
         };
         let answer = self
             .poster
-            .send(reqwest::Method::GET, url, None, request.idempotency_key)
+            .send(
+                reqwest::Method::GET,
+                url,
+                None,
+                request.idempotency_key,
+                request.slot,
+            )
             .await?;
         if answer.status == StatusCode::NOT_FOUND {
             return Ok(Reconciled::NotRun);
@@ -502,7 +525,7 @@ mod tests {
         let throttle = [(THROTTLE_HEADER, "2"), (THROTTLE_RETRY_AFTER_HEADER, "3")];
         let poster = echo_poster(&mock.base_url(), &throttle, RetryPolicy::default(), &waits);
         let answer = poster
-            .post("{}".to_owned(), "key-1")
+            .post("{}".to_owned(), "key-1", None)
             .await
             .expect("an answer");
         assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
@@ -526,7 +549,7 @@ mod tests {
         ];
         let poster = echo_poster(&mock.base_url(), &throttle, retry, &waits);
         let answer = poster
-            .post("{}".to_owned(), "key-2")
+            .post("{}".to_owned(), "key-2", None)
             .await
             .expect("the last answer");
         assert_eq!(answer.status, StatusCode::SERVICE_UNAVAILABLE);
@@ -547,7 +570,7 @@ mod tests {
         let refused = [(THROTTLE_HEADER, "1"), (THROTTLE_STATUS_HEADER, "400")];
         let poster = echo_poster(&mock.base_url(), &refused, RetryPolicy::default(), &waits);
         let answer = poster
-            .post("{}".to_owned(), "key-3")
+            .post("{}".to_owned(), "key-3", None)
             .await
             .expect("an answer");
         assert_eq!(answer.status, StatusCode::BAD_REQUEST);
@@ -572,7 +595,7 @@ mod tests {
         ];
         let poster = echo_poster(&mock.base_url(), &throttle, retry, &waits);
         let answer = poster
-            .post("{}".to_owned(), "key-4")
+            .post("{}".to_owned(), "key-4", None)
             .await
             .expect("the answer");
         assert_eq!(answer.status, StatusCode::TOO_MANY_REQUESTS);
@@ -585,7 +608,7 @@ mod tests {
         ];
         let poster = echo_poster(&mock.base_url(), &huge, retry, &waits);
         let answer = poster
-            .post("{}".to_owned(), "key-6")
+            .post("{}".to_owned(), "key-6", None)
             .await
             .expect("the answer");
         assert_eq!(answer.status, StatusCode::TOO_MANY_REQUESTS);
@@ -601,7 +624,7 @@ mod tests {
         let waits = Arc::new(Waits::default());
         let poster = echo_poster(&base, &[], RetryPolicy::default(), &waits);
         let error = poster
-            .post("{}".to_owned(), "key-5")
+            .post("{}".to_owned(), "key-5", None)
             .await
             .expect_err("no answer");
         assert!(

@@ -19,6 +19,21 @@ pub use hosts::AllowedHosts;
 pub use http::{DEFAULT_MAX_RESPONSE_BYTES, HttpConfig, HttpFunction, RetryPolicy};
 pub use openai::{OpenAiChatConfig, OpenAiChatFunction};
 
+/// The run slot a call's run holds, which a function lets go of while it waits between
+/// attempts (a 429's `Retry-After`, a backoff), so that another input runs meanwhile.
+#[async_trait]
+pub trait RunSlot: Send + Sync {
+    /// Lets go of the run slot, waits for `wait`, then takes a slot again (waiting for one
+    /// to be free, as the run's start did).
+    async fn away<'a>(&'a self, wait: std::pin::Pin<Box<dyn Future<Output = ()> + Send + 'a>>);
+}
+
+impl fmt::Debug for dyn RunSlot + '_ {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("RunSlot")
+    }
+}
+
 /// One call of a function, as its handler sees it.
 #[derive(Clone, Copy, Debug)]
 pub struct CallRequest<'a> {
@@ -29,6 +44,8 @@ pub struct CallRequest<'a> {
     /// Stable across replays of the same call: pass it to the remote side so that it can
     /// drop a repeat (`Idempotency-Key` for HTTP).
     pub idempotency_key: &'a str,
+    /// The run slot the call's run holds, when the host lends it ([`RunSlot`]).
+    pub slot: Option<&'a dyn RunSlot>,
 }
 
 /// Why a function returned no result.

@@ -88,7 +88,11 @@ impl Function for OpenAiChatFunction {
         }
         let answer = self
             .poster
-            .post(Value::Object(body).to_string(), request.idempotency_key)
+            .post(
+                Value::Object(body).to_string(),
+                request.idempotency_key,
+                request.slot,
+            )
             .await?;
         // By its type, or by its first field when something between lost the type (a
         // proxy; `rewind test`'s simulator): a JSON completion starts with `{`.
@@ -283,6 +287,7 @@ mod tests {
                 function: "llm.chat",
                 args,
                 idempotency_key: "key-1",
+                slot: None,
             })
             .await
             .expect("an answer");
@@ -316,6 +321,7 @@ mod tests {
             function: "llm.chat",
             args: r#"{"messages": []}"#,
             idempotency_key: "key-1",
+            slot: None,
         })
         .await
     }

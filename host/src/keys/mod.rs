@@ -12,6 +12,7 @@ mod stream;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fmt;
 use std::hash::Hash;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, UNIX_EPOCH};
 
@@ -25,12 +26,12 @@ pub use stream::{
     HELD_PER_KEY_SLOT, Progress, Retention, RunOptions, Summary, WaitingInputs, run_inputs,
 };
 
-use crate::agent::{Agent, InputError, InputReport, Memory, Waiting};
+use crate::agent::{Agent, Control, InputError, InputReport, Memory, Waiting};
 use crate::backoff::Backoff;
 pub use crate::checkpoint::Ended;
 use crate::durable::unix_ms;
 use crate::event::Input;
-use crate::functions::{Clock, SystemClock};
+use crate::functions::{Clock, RunSlot, SystemClock};
 use crate::text;
 
 /// Any error, as what an operator's command does first may fail with.
@@ -1178,18 +1179,29 @@ async fn attempts<F: Front>(
             set_head(shared, key, Head::Idle, true);
             return Attempts::Over;
         };
+        let lent = Arc::new(Lent {
+            front: Arc::clone(front),
+            key: key.clone(),
+            slot: Mutex::new(Some(slot)),
+        });
         let agent = match front.agent(key, queued).await {
             Ok(agent) => agent,
             Err(fault) => {
-                drop(slot);
+                lent.release();
                 stop(shared, key, queued, fault).await;
                 return Attempts::Over;
             }
         };
         set_head(shared, key, Head::Running { sequence, attempt }, false);
-        let mut report = agent.process_isolated(&queued.input, memory, cancel).await;
+        let control = Control {
+            cancel: cancel.clone(),
+            slot: Some(Arc::clone(&lent) as Arc<dyn RunSlot>),
+        };
+        let mut report = agent
+            .process_isolated(&queued.input, memory, &control)
+            .await;
         if let Some(waiting) = report.waiting.take() {
-            drop(slot);
+            lent.release();
             match suspend(shared, key, queued, waiting, report).await {
                 Suspended::Over => return Attempts::Over,
                 Suspended::Cancelled => return Attempts::Cancelled,
@@ -1209,7 +1221,7 @@ async fn attempts<F: Front>(
                 // The slot is held until the input is recorded: a front end that stops
                 // waits for that too.
                 let completed = front.completed(key, queued, report).await;
-                drop(slot);
+                lent.release();
                 match completed {
                     Ok(()) => return Attempts::Completed(memory),
                     Err(Refusal::Fault(fault)) => {
@@ -1226,12 +1238,12 @@ async fn attempts<F: Front>(
                 }
             }
             Some(error) if error.is_host_fault() => {
-                drop(slot);
+                lent.release();
                 stop(shared, key, queued, HostFault::new("the run", error)).await;
                 return Attempts::Over;
             }
             Some(error) => {
-                drop(slot);
+                lent.release();
                 error
             }
         };
@@ -1286,6 +1298,34 @@ async fn attempts<F: Front>(
             attempts = attempt, "input parked after its last attempt; its key's later \
             inputs wait for an operator to retry, skip or cancel it: {message}");
         return Attempts::Over;
+    }
+}
+
+/// The run slot an input's run holds, lent to its durable calls: they let go of it while
+/// they wait between attempts (a 429's `Retry-After`, a backoff), so that other keys run
+/// meanwhile, and take one again before they go on.
+struct Lent<F: Front> {
+    front: Arc<F>,
+    key: F::Key,
+    slot: Mutex<Option<F::Slot>>,
+}
+
+impl<F: Front> Lent<F> {
+    /// Lets go of the slot (the run is over, or the front end has recorded it).
+    fn release(&self) {
+        drop(self.slot.lock().unwrap_or_else(|p| p.into_inner()).take());
+    }
+}
+
+#[async_trait]
+impl<F: Front> RunSlot for Lent<F> {
+    async fn away<'a>(&'a self, wait: Pin<Box<dyn Future<Output = ()> + Send + 'a>>) {
+        self.release();
+        wait.await;
+        // None: the front end is stopping; the call goes on without one, and the run ends
+        // with the front end.
+        let slot = self.front.slot(&self.key).await;
+        *self.slot.lock().unwrap_or_else(|p| p.into_inner()) = slot;
     }
 }
 

@@ -1,6 +1,7 @@
 //! Why the kit could not test an agent: each kind with what it was doing and its cause.
 
 use crate::agent::ConfigError;
+use crate::agent::script::ScriptError;
 use crate::state_dir::StateDirError;
 
 #[derive(Debug, thiserror::Error)]
@@ -17,6 +18,9 @@ pub enum KitError {
     Agent(#[from] ConfigError),
     #[error(transparent)]
     StateDir(#[from] StateDirError),
+    /// The script of signals (`--signals`) is not one.
+    #[error(transparent)]
+    Script(#[from] ScriptError),
     #[error("{what}: {source}")]
     Toml {
         what: String,

@@ -67,6 +67,9 @@ pub struct Kit {
     /// URL prefixes of the agent's endpoints to replace, for the simulator to forward to.
     pub rewrites: Vec<(String, String)>,
     pub scripts: Vec<Script>,
+    /// Signals to deliver as the runs reach calls and waits (`--signals`; see
+    /// [`crate::agent::script`]).
+    pub signals: Option<PathBuf>,
 }
 
 /// What one case came to.
@@ -245,6 +248,8 @@ struct Setup {
     /// The state of every run is of this incarnation, so that a call has the same
     /// idempotency key in every case as in the uninterrupted run.
     incarnation: Incarnation,
+    /// The script of signals every run delivers, when one is given.
+    signals: Option<PathBuf>,
 }
 
 /// What a finished run left: outputs (sorted lines) and calls per (function, key).
@@ -265,6 +270,18 @@ impl Kit {
         // The simulator needs the upstreams the rewrite finds; the rewrite needs the
         // simulator's address: read the endpoints first, against a placeholder.
         let probe = agent::rewrite(&self.agent, |_| String::new(), &self.rewrites)?;
+        // A script that names a signal no action declares is refused now, naming its line.
+        let signals = match &self.signals {
+            Some(path) => {
+                let config = crate::agent::AgentFile::load(&self.agent)?.config;
+                crate::agent::script::Script::read(path, &config.signals())?;
+                Some(
+                    std::path::absolute(path)
+                        .map_err(KitError::io(format!("finding {}", path.display())))?,
+                )
+            }
+            None => None,
+        };
         let simulator = Simulator::start(probe.upstreams, self.scripts.clone()).await?;
         let rewritten = agent::rewrite(&self.agent, |name| simulator.url(name), &self.rewrites)?;
         let agent = self.work.join("agent.toml");
@@ -278,6 +295,7 @@ impl Kit {
             agent,
             ambient,
             incarnation: Incarnation::random(),
+            signals,
         };
         let reference_dir = self.work.join("reference");
         let counts = self.work.join("reached.json");
@@ -515,6 +533,9 @@ impl Kit {
             command.env(crate::crash::COUNT_ENV, counts);
         }
         command.env(CALLS_ENV, dir.join(CALLS_FILE));
+        if let Some(signals) = &setup.signals {
+            command.env(crate::agent::script::SIGNALS_ENV, signals);
+        }
         let rewind = self.rewind.display().to_string();
         tokio::task::spawn_blocking(move || command.status())
             .await

@@ -11,6 +11,7 @@ mod approval;
 mod formats;
 mod lock;
 mod parked;
+mod retries;
 mod waits;
 
 pub(super) fn rewind(dir: &Path) -> Command {
