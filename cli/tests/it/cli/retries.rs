@@ -1,10 +1,8 @@
 //! A function's retries under `rewind run`: the wait between attempts holds no run slot.
 
-use std::path::Path;
-
 use serde_json::{Value, json};
 
-use super::{rewind, text, write};
+use super::{run, text, write};
 use crate::support::guest;
 
 /// With one run slot (`parallelism = 1`), an input whose call is refused twice with 429
@@ -36,20 +34,17 @@ async fn a_call_waiting_between_attempts_holds_no_run_slot() {
     let lines = [("a", call("slow")), ("b", call("fast"))]
         .map(|(key, payload)| json!({ "key": key, "payload": payload }).to_string());
     let input = write(dir.path(), "in.jsonl", &lines.join("\n"));
-    let output = dir.path().join("out.jsonl");
-    let mut command = rewind(dir.path());
-    command
-        .arg("run")
-        .arg(&agent)
-        .arg("--input")
-        .arg(&input)
-        .arg("--output")
-        .arg(&output);
-    let ran = tokio::task::spawn_blocking(move || command.output().expect("rewind runs"))
+    let at = dir.path().to_owned();
+    let ran = tokio::task::spawn_blocking(move || run(&at, &agent, &input))
         .await
         .expect("join");
     assert!(ran.status.success(), "{}", text(&ran.stderr));
-    let keys = keys_in_order(&output);
+    // Printed as each input finishes.
+    let keys: Vec<String> = text(&ran.stdout)
+        .lines()
+        .map(|line| serde_json::from_str::<Value>(line).expect("an output"))
+        .map(|output| output["key"].as_str().expect("a key").to_owned())
+        .collect();
     assert_eq!(
         keys,
         ["b", "a"],
@@ -65,14 +60,4 @@ async fn a_call_waiting_between_attempts_holds_no_run_slot() {
         (3, 1),
         "{counts:?}"
     );
-}
-
-/// The keys of the outputs in `path`, in the order they were written.
-fn keys_in_order(path: &Path) -> Vec<String> {
-    std::fs::read_to_string(path)
-        .expect("the outputs")
-        .lines()
-        .map(|line| serde_json::from_str::<Value>(line).expect("an output"))
-        .map(|output| output["key"].as_str().expect("a key").to_owned())
-        .collect()
 }
