@@ -30,6 +30,8 @@ pub const COUNT_ENV: &str = "REWIND_CRASH_COUNT";
 pub enum CrashPoint {
     /// A durable call missed its record and is about to reach its function.
     BeforeCall,
+    /// A streamed answer's first chunk is read; the rest is not (the call is cut mid-way).
+    MidStream,
     /// The function answered; its record is not yet written.
     AfterCall,
     /// The call's record is durable; the guest has not seen the result.
@@ -51,8 +53,9 @@ pub enum CrashPoint {
 }
 
 impl CrashPoint {
-    pub const ALL: [CrashPoint; 9] = [
+    pub const ALL: [CrashPoint; 10] = [
         CrashPoint::BeforeCall,
+        CrashPoint::MidStream,
         CrashPoint::AfterCall,
         CrashPoint::AfterRecord,
         CrashPoint::AtWait,
@@ -66,6 +69,7 @@ impl CrashPoint {
     pub fn name(self) -> &'static str {
         match self {
             CrashPoint::BeforeCall => "before-call",
+            CrashPoint::MidStream => "mid-stream",
             CrashPoint::AfterCall => "after-call",
             CrashPoint::AfterRecord => "after-record",
             CrashPoint::AtWait => "at-wait",

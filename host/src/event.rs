@@ -116,3 +116,27 @@ impl OutputRecord {
         serde_json::to_vec(self).unwrap_or_default()
     }
 }
+
+/// A piece of a streamed answer as it comes (a token delta): forwarded live to whoever
+/// follows the outputs, never recorded, and not resent (a replay serves the recorded
+/// message, whose pieces are not streamed again).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Delta {
+    pub tenant: String,
+    pub agent: String,
+    pub key: String,
+    pub sequence: u64,
+    pub action: String,
+    /// The call's index in its action's records.
+    pub call: u64,
+    pub function: String,
+    /// The chunk's `choices[0].delta`, as the endpoint sent it: `{"content": "..."}`, or a
+    /// piece of a tool call.
+    pub delta: serde_json::Value,
+}
+
+/// Where a front end forwards the deltas of its inputs' calls. Best effort: a follower too
+/// slow to take them loses some (the recorded message is whole).
+pub trait Deltas: Send + Sync + fmt::Debug {
+    fn send(&self, delta: Delta);
+}

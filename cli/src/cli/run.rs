@@ -1,6 +1,6 @@
 //! `rewind run AGENT.toml --input FILE.jsonl [--output FILE.jsonl]`.
 
-use std::io::{BufReader, IsTerminal as _};
+use std::io::{BufReader, IsTerminal as _, Write as _};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -11,6 +11,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use rewind_host::agent::script::Script;
 use rewind_host::agent::{Agent, AgentFile, JsonlSink, input};
 use rewind_host::commands::{CommandDir, Outcome};
+use rewind_host::event::{Delta, Deltas};
 use rewind_host::keys::{Checkpointing, Progress, RunOptions, Summary, run_inputs};
 use rewind_host::log::Recovery;
 use rewind_host::sandbox::Sandbox;
@@ -38,6 +39,23 @@ pub struct RunArgs {
     /// rather than ending once only they (and parked inputs) are left.
     #[arg(long)]
     wait: bool,
+    /// Print the pieces of streamed model answers to stderr as they come, one JSON line
+    /// each (`{"delta": {"key", "sequence", "action", "call", "function", "delta"}}`); they
+    /// are not recorded, and a replayed call prints none.
+    #[arg(long)]
+    follow: bool,
+}
+
+/// `--follow`: each delta as a JSON line on stderr, written whole.
+#[derive(Debug)]
+struct Printed;
+
+impl Deltas for Printed {
+    fn send(&self, delta: Delta) {
+        let mut line = serde_json::json!({ "delta": delta }).to_string();
+        line.push('\n');
+        let _ = std::io::stderr().lock().write_all(line.as_bytes());
+    }
 }
 
 struct Bar(ProgressBar);
@@ -115,12 +133,14 @@ pub async fn run(args: RunArgs, sandbox: Sandbox) -> anyhow::Result<ExitCode> {
         vec![Arc::clone(&recovered.store) as _],
     );
     let commands = CommandDir::of(&args.state);
+    let follow = args.follow.then(|| Arc::new(Printed) as Arc<dyn Deltas>);
     let options = RunOptions {
         checkpointing: Some(&checkpointing),
         resume: recovered.latest.as_ref(),
         commands: Some(&commands),
         until_waits_end: args.wait,
         end_when_held: !args.wait,
+        deltas: follow.as_ref(),
     };
     let lines = futures_util::stream::iter(input::read_lines(BufReader::new(reader)));
     let progress = Bar(bar.clone());

@@ -386,3 +386,96 @@ async fn killed_around_a_call_with_reconcile_asks_instead_of_calling_again() {
     let asks = killed_at_with(before, "refresh", "reconcile", &[1, 30], Repeats::None).await;
     assert_eq!(asks, 2);
 }
+
+/// A streamed model answer cut by SIGKILL mid-way (`mid-stream`) leaves nothing recorded:
+/// the next run asks again under the same idempotency key, forwards the pieces live to
+/// `--follow` as they come, and records the message once (killed right after, at
+/// `after-record`); the run after that is served the record: no third request, no pieces,
+/// and the output once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_cut_by_a_crash_is_asked_again_then_served_from_its_record() {
+    use std::os::unix::process::ExitStatusExt as _;
+
+    let mock = rewind_mock::MockService::start("127.0.0.1:0".parse().expect("addr"))
+        .await
+        .expect("the mock starts");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let agent = dir.path().join("agent.toml");
+    std::fs::write(
+        &agent,
+        format!(
+            "name = \"stream\"\n[[actions]]\nname = \"work\"\ncomponent = {:?}\non = \
+             [\"input\"]\n[functions.chat]\nkind = \"openai-chat\"\nbase-url = \"{}/v1\"\nmodel \
+             = \"mock-1\"\nheaders = {{ \"{}\" = \"20\" }}\n",
+            guest("caller").display().to_string(),
+            mock.base_url(),
+            rewind_mock::CHUNK_DELAY_HEADER,
+        ),
+    )
+    .expect("agent.toml");
+    let messages = json!([{ "role": "user", "content": "Where is my order A1234?" }]);
+    let line = json!({ "key": "k", "payload": { "calls": [
+        { "function": "chat", "args": { "messages": messages } },
+    ] } });
+    let inputs = dir.path().join("inputs.jsonl");
+    std::fs::write(&inputs, format!("{line}\n")).expect("inputs");
+    let run = |crash: Option<&str>| {
+        let mut command = rewind_run(dir.path(), &agent, &inputs);
+        command.arg("--follow").stderr(Stdio::piped());
+        command.env_remove("REWIND_CRASH_AT");
+        if let Some(crash) = crash {
+            command.env("REWIND_CRASH_AT", crash);
+        }
+        command.output().expect("rewind runs")
+    };
+    let pieces = |stderr: &[u8]| -> Vec<String> {
+        (String::from_utf8_lossy(stderr).lines())
+            .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+            .filter_map(|line| {
+                line["delta"]["delta"]["content"]
+                    .as_str()
+                    .map(str::to_owned)
+            })
+            .collect()
+    };
+    let cut = run(Some("mid-stream:1"));
+    assert_eq!(cut.status.signal(), Some(9), "killed mid-stream");
+    assert_eq!(mock.counts().for_route("/v1/chat/completions"), 1);
+
+    let recorded = run(Some("after-record:1"));
+    assert_eq!(recorded.status.signal(), Some(9), "killed once recorded");
+    let streamed = pieces(&recorded.stderr);
+    assert!(
+        streamed.len() >= 2,
+        "the pieces, live: {}",
+        String::from_utf8_lossy(&recorded.stderr)
+    );
+
+    let served = run(None);
+    assert!(
+        served.status.success(),
+        "{}",
+        String::from_utf8_lossy(&served.stderr)
+    );
+    assert!(
+        pieces(&served.stderr).is_empty(),
+        "a replay streams nothing: {}",
+        String::from_utf8_lossy(&served.stderr)
+    );
+    let counts = mock.counts();
+    assert_eq!(counts.for_route("/v1/chat/completions"), 2, "{counts:?}");
+    assert_eq!(
+        counts.by_idempotency_key.values().collect::<Vec<_>>(),
+        [&2],
+        "asked again under its key, then served from the record: {counts:?}"
+    );
+    let outputs = sorted_lines(&dir.path().join("out.jsonl"));
+    assert_eq!(outputs.len(), 1, "{outputs:?}");
+    let output: serde_json::Value = serde_json::from_str(&outputs[0]).expect("an output");
+    let content = &output["payload"]["results"][0]["ok"]["content"];
+    assert_eq!(
+        content.as_str(),
+        Some(streamed.concat().as_str()),
+        "the record is the pieces joined: {output}"
+    );
+}

@@ -170,6 +170,7 @@ async fn run(
         commands: Some(&commands),
         until_waits_end: false,
         end_when_held: false,
+        deltas: None,
     };
     let summary = run_inputs(agent, lines, &mut sink, &(), options)
         .await

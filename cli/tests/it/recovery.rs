@@ -131,6 +131,7 @@ async fn process_into_sink(
             commands: None,
             until_waits_end: false,
             end_when_held: false,
+            deltas: None,
         },
     )
     .await
@@ -387,6 +388,7 @@ async fn checkpoints_failing_in_a_row_stop_the_run_naming_the_cause() {
             commands: None,
             until_waits_end: false,
             end_when_held: false,
+            deltas: None,
         },
     )
     .await

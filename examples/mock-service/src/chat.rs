@@ -1,16 +1,19 @@
 //! `POST /v1/chat/completions`: an OpenAI-compatible chat endpoint with deterministic replies.
 
 use std::convert::Infallible;
+use std::time::Duration;
 
 use axum::Json;
 use axum::body::Bytes;
+use axum::http::HeaderMap;
 use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
+use futures_util::StreamExt as _;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use crate::CHAT_CREATED;
 use crate::error::{RequestError, parse_json};
+use crate::{CHAT_CREATED, CHUNK_DELAY_HEADER, MAX_DELAY_MS};
 use crate::{fnv, intent};
 
 /// The part of an OpenAI chat-completions request the mock reads. Other fields (`tools`,
@@ -96,7 +99,11 @@ struct Usage {
 /// chunks of `delta`s (the role, then the content in a few pieces), one with the
 /// `finish_reason`, one with the `usage` when `stream_options.include_usage` asks, then
 /// `[DONE]`.
-pub(crate) async fn complete(body: Bytes) -> Result<Response, RequestError> {
+pub(crate) async fn complete(headers: HeaderMap, body: Bytes) -> Result<Response, RequestError> {
+    let pause = (headers.get(CHUNK_DELAY_HEADER))
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.trim().parse::<u64>().ok())
+        .map(|ms| Duration::from_millis(ms.min(MAX_DELAY_MS)));
     let request: ChatRequest = parse_json(&body)?;
     let streamed = request.stream;
     let include_usage = request
@@ -140,7 +147,7 @@ pub(crate) async fn complete(body: Bytes) -> Result<Response, RequestError> {
         },
     };
     if streamed {
-        return Ok(stream(completion, include_usage).into_response());
+        return Ok(stream(completion, include_usage, pause).into_response());
     }
     Ok(Json(completion).into_response())
 }
@@ -149,6 +156,7 @@ pub(crate) async fn complete(body: Bytes) -> Result<Response, RequestError> {
 fn stream(
     completion: ChatCompletion,
     include_usage: bool,
+    pause: Option<Duration>,
 ) -> Sse<impl futures_util::Stream<Item = Result<Event, Infallible>>> {
     let [choice] = completion.choices;
     let chunk = |choices: Value, usage: Option<&Usage>| {
@@ -179,8 +187,15 @@ fn stream(
         data.push(chunk(json!([]), Some(&completion.usage)));
     }
     data.push("[DONE]".to_owned());
-    let events = data.into_iter().map(|data| Ok(Event::default().data(data)));
-    Sse::new(futures_util::stream::iter(events))
+    let events = futures_util::stream::iter(data.into_iter().enumerate()).then(
+        move |(at, data)| async move {
+            if let Some(pause) = pause.filter(|_| at > 0) {
+                tokio::time::sleep(pause).await;
+            }
+            Ok(Event::default().data(data))
+        },
+    );
+    Sse::new(events)
 }
 
 /// A stand-in for a tokenizer: whitespace-separated words.

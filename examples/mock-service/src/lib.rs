@@ -65,6 +65,10 @@ pub const DELAY_HEADER: &str = "x-mock-delay-ms";
 /// The longest delay [`DELAY_HEADER`] asks for that the mock honours: 10 minutes.
 pub const MAX_DELAY_MS: u64 = 600_000;
 
+/// `x-mock-chunk-delay-ms: MS`: a streamed chat answer pauses that long before each chunk
+/// after the first (as a model generating tokens does); at most [`MAX_DELAY_MS`].
+pub const CHUNK_DELAY_HEADER: &str = "x-mock-chunk-delay-ms";
+
 /// `x-mock-throttle: N`: the first N calls of the request's idempotency key are refused.
 pub const THROTTLE_HEADER: &str = "x-mock-throttle";
 

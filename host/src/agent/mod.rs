@@ -29,7 +29,7 @@ pub use signal::{
 use crate::durable::digest::{input_trigger, sent_trigger};
 use crate::durable::taken_signals;
 use crate::durable::{CallPolicy, CallStats, CallsByFunction, DurableCalls};
-use crate::event::{Event, INPUT_KIND, Input, OUTPUT_KIND, Output, OutputId};
+use crate::event::{Deltas, Event, INPUT_KIND, Input, OUTPUT_KIND, Output, OutputId};
 use crate::functions::{Functions, RunSlot};
 use crate::sandbox::{ActionComponent, Limits, RunError, RunInput, RunLabels, Sandbox};
 use crate::store::{ActionState, ActionStateStore, Completion, Digest, KeyScope, StateKey};
@@ -69,12 +69,14 @@ pub struct Agent {
     store: Arc<dyn ActionStateStore>,
 }
 
-/// How the host holds one input's run: the token an operator's cancel trips, and the run
-/// slot the run holds, which its calls let go of while they wait between attempts.
+/// How the host holds one input's run: the token an operator's cancel trips, the run slot
+/// the run holds, which its calls let go of while they wait between attempts, and where the
+/// pieces of its calls' streamed answers go as they come.
 #[derive(Clone, Debug, Default)]
 pub struct Control {
     pub cancel: CancellationToken,
     pub slot: Option<Arc<dyn RunSlot>>,
+    pub deltas: Option<Arc<dyn Deltas>>,
 }
 
 /// What processing one input did.
@@ -294,6 +296,7 @@ impl Agent {
                         )
                         .cancelled_by(cancel.clone())
                         .holding(control.slot.clone())
+                        .following(control.deltas.clone())
                         .with_signals_taken(taken.iter().copied());
                         match self
                             .run_action(action, input, &event, durable, &mut report)

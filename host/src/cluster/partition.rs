@@ -172,6 +172,7 @@ pub async fn run(
         commands: Some(&commands),
         until_waits_end: false,
         end_when_held: false,
+        deltas: None,
     };
     let summary = run_inputs(agent, Box::pin(lines), &mut sink, &(), options)
         .await

@@ -13,8 +13,9 @@ use super::wait::{
     is_wait, taken_signals, unix_ms,
 };
 use crate::crash::{self, CrashPoint};
+use crate::event::{Delta, Deltas};
 use crate::functions::{
-    CallRequest, Clock, Function, FunctionError, Functions, Reconciled, RunSlot,
+    CallDeltas, CallRequest, Clock, Function, FunctionError, Functions, Reconciled, RunSlot,
 };
 use crate::store::{
     ActionState, ActionStateStore, CallOutcome, CallRecord, Completion, Digest, StateKey,
@@ -224,6 +225,8 @@ pub struct DurableCalls {
     /// The run slot the run holds, lent to its calls (they let go of it while they wait
     /// between attempts).
     slot: Option<Arc<dyn RunSlot>>,
+    /// Where the pieces of its calls' streamed answers go as they come.
+    deltas: Option<Arc<dyn Deltas>>,
     /// Inbox ids of the signals the input's other states took.
     taken: Taken,
 }
@@ -258,6 +261,7 @@ impl DurableCalls {
             by_function: CallsByFunction::default(),
             cancel: CancellationToken::new(),
             slot: None,
+            deltas: None,
             taken: Taken::new(),
         }
     }
@@ -281,6 +285,13 @@ impl DurableCalls {
     #[must_use]
     pub fn holding(mut self, slot: Option<Arc<dyn RunSlot>>) -> Self {
         self.slot = slot;
+        self
+    }
+
+    /// Forwards the pieces of its calls' streamed answers to `deltas` as they come.
+    #[must_use]
+    pub fn following(mut self, deltas: Option<Arc<dyn Deltas>>) -> Self {
+        self.deltas = deltas;
         self
     }
 
@@ -407,11 +418,18 @@ impl DurableCalls {
             None => idempotency_key(&self.state, index, function, &digest),
         };
         let slot = self.slot.clone();
+        let followers = (self.deltas.clone()).map(|out| Followers {
+            out,
+            key: self.state.key.clone(),
+            call: index as u64,
+            function: function.to_owned(),
+        });
         let request = CallRequest {
             function,
             args,
             idempotency_key: &key,
             slot: slot.as_deref(),
+            deltas: followers.as_ref().map(|f| f as &dyn CallDeltas),
         };
         let in_doubt = self.policy.in_doubt_for(function);
         if pending.is_some() {
@@ -675,6 +693,7 @@ impl DurableCalls {
             args: &args,
             idempotency_key: &idempotency_key(&self.state, index, function, &digest),
             slot: None,
+            deltas: None,
         };
         let woke = match self.signal_for(&wait.signals) {
             Some(woke) => Some(woke),
@@ -764,6 +783,29 @@ impl DurableCalls {
         self.state.completion = Some(completion);
         self.write().await?;
         Ok(self.state)
+    }
+}
+
+/// A call's deltas, on their way to the front end's followers with where they come from.
+struct Followers {
+    out: Arc<dyn Deltas>,
+    key: StateKey,
+    call: u64,
+    function: String,
+}
+
+impl CallDeltas for Followers {
+    fn delta(&self, delta: &serde_json::Value) {
+        self.out.send(Delta {
+            tenant: self.key.scope.tenant.clone(),
+            agent: self.key.scope.agent.clone(),
+            key: self.key.scope.key.clone(),
+            sequence: self.key.sequence,
+            action: self.key.action.clone(),
+            call: self.call,
+            function: self.function.clone(),
+            delta: delta.clone(),
+        });
     }
 }
 

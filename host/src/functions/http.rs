@@ -113,23 +113,13 @@ impl fmt::Debug for HttpConfig {
 pub(super) struct Answer {
     pub status: StatusCode,
     pub body: String,
+    /// A 2xx event stream, unread (`body` empty), when the caller reads streams itself
+    /// ([`JsonPoster::post`] with `streams`).
+    pub stream: Option<reqwest::Response>,
     /// Its `Content-Type` header, when it had one.
     pub content_type: Option<String>,
     /// Its `Retry-After` header, when it had one.
     retry_after: Option<String>,
-}
-
-#[cfg(test)]
-impl Answer {
-    /// A 200 answer of `body`, of `content_type`.
-    pub fn for_tests(body: String, content_type: &str) -> Self {
-        Self {
-            status: StatusCode::OK,
-            body,
-            content_type: Some(content_type.to_owned()),
-            retry_after: None,
-        }
-    }
 }
 
 /// The part shared by every function that speaks JSON over HTTP.
@@ -170,6 +160,20 @@ impl JsonPoster {
         }
     }
 
+    /// Sends `headers` with every request instead.
+    #[cfg(test)]
+    pub fn with_headers(mut self, headers: Vec<(String, String)>) -> Self {
+        self.config.headers = headers;
+        self
+    }
+
+    /// Bounds each attempt (and a stream's gaps) by `timeout` instead.
+    #[cfg(test)]
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.config.timeout = timeout;
+        self
+    }
+
     /// Waits between attempts with `pause` instead of the timer.
     #[cfg(test)]
     pub fn pausing_with(mut self, pause: Arc<dyn Pause>) -> Self {
@@ -181,43 +185,54 @@ impl JsonPoster {
         &self.config.url
     }
 
+    /// How long a request may take to answer, per attempt; for a stream read by its caller,
+    /// how long it may go without a chunk.
+    pub fn timeout(&self) -> Duration {
+        self.config.timeout
+    }
+
     /// POSTs `body` with the idempotency key, trying again as the [`RetryPolicy`] says (its
-    /// run `slot`, when given, let go of between attempts).
+    /// run `slot`, when given, let go of between attempts). With `streams`, a 2xx answer
+    /// that is an event stream comes back unread ([`Answer::stream`]), for the caller to
+    /// read as it comes: the request's timeout then bounds the wait for its headers, not
+    /// the stream.
     pub async fn post(
         &self,
         body: String,
         idempotency_key: &str,
         slot: Option<&dyn RunSlot>,
+        streams: bool,
     ) -> Result<Answer, FunctionError> {
-        let url = &self.config.url;
-        (self.send(
-            reqwest::Method::POST,
-            url,
-            Some(body),
+        let ask = Ask {
+            method: reqwest::Method::POST,
+            url: &self.config.url,
+            body: Some(body),
             idempotency_key,
             slot,
-        ))
-        .await
+            streams,
+        };
+        self.send(ask).await
     }
 
-    /// Sends `method url` with the idempotency key (and `body`, as JSON), trying again as
-    /// the [`RetryPolicy`] says, letting go of the run `slot` (when given) while it waits
-    /// between attempts. The last answer is returned; when the last attempt got no answer
-    /// (a transport error), the remote is [`FunctionError::Unavailable`].
-    pub async fn send(
-        &self,
-        method: reqwest::Method,
-        url: &str,
-        body: Option<String>,
-        idempotency_key: &str,
-        slot: Option<&dyn RunSlot>,
-    ) -> Result<Answer, FunctionError> {
+    /// Sends what `ask` says, trying again as the [`RetryPolicy`] says, letting go of the
+    /// run slot (when given) while it waits between attempts. The last answer is returned;
+    /// when the last attempt got no answer (a transport error), the remote is
+    /// [`FunctionError::Unavailable`].
+    pub async fn send(&self, ask: Ask<'_>) -> Result<Answer, FunctionError> {
+        let Ask {
+            method,
+            url,
+            body,
+            idempotency_key,
+            slot,
+            streams,
+        } = ask;
         let retry = self.config.retry;
         let started = Instant::now();
         let mut attempt = 1;
         loop {
             let outcome = match self
-                .attempt(&method, url, body.as_deref(), idempotency_key)
+                .attempt(&method, url, body.as_deref(), idempotency_key, streams)
                 .await?
             {
                 Ok(answer) if !retryable(answer.status) => return Ok(answer),
@@ -272,12 +287,14 @@ impl JsonPoster {
         url: &str,
         body: Option<&str>,
         idempotency_key: &str,
+        streams: bool,
     ) -> Result<Result<Answer, String>, FunctionError> {
-        let mut request = self
-            .client
-            .request(method.clone(), url)
-            .timeout(self.config.timeout)
-            .header("idempotency-key", idempotency_key);
+        let mut request =
+            (self.client.request(method.clone(), url)).header("idempotency-key", idempotency_key);
+        // A stream read by the caller is bounded by its gaps, not by its whole length.
+        if !streams {
+            request = request.timeout(self.config.timeout);
+        }
         if let Some(body) = body {
             request = request
                 .header("content-type", "application/json")
@@ -286,7 +303,11 @@ impl JsonPoster {
         for (name, value) in &self.config.headers {
             request = request.header(name, value);
         }
-        match request.send().await {
+        let sent = match tokio::time::timeout(self.config.timeout, request.send()).await {
+            Ok(sent) => sent,
+            Err(_) => return Ok(Err(format!("timed out after {:?}", self.config.timeout))),
+        };
+        match sent {
             Ok(response) => {
                 let status = response.status();
                 let header = |name| {
@@ -296,10 +317,27 @@ impl JsonPoster {
                 };
                 let retry_after = header(reqwest::header::RETRY_AFTER);
                 let content_type = header(reqwest::header::CONTENT_TYPE);
-                match read_body(response, self.config.max_response_bytes).await {
+                let event_stream =
+                    (content_type.as_deref()).is_some_and(|t| t.starts_with("text/event-stream"));
+                if streams && status.is_success() && event_stream {
+                    return Ok(Ok(Answer {
+                        status,
+                        body: String::new(),
+                        stream: Some(response),
+                        content_type,
+                        retry_after,
+                    }));
+                }
+                let read = read_body(response, self.config.max_response_bytes);
+                let read = match tokio::time::timeout(self.config.timeout, read).await {
+                    Ok(read) => read,
+                    Err(_) => return Ok(Err(format!("timed out after {:?}", self.config.timeout))),
+                };
+                match read {
                     Ok(Body::Read(body)) => Ok(Ok(Answer {
                         status,
                         body,
+                        stream: None,
                         content_type,
                         retry_after,
                     })),
@@ -320,6 +358,19 @@ impl JsonPoster {
             Err(e) => Ok(Err(describe(&e))),
         }
     }
+}
+
+/// A request for [`JsonPoster::send`].
+pub(super) struct Ask<'a> {
+    pub method: reqwest::Method,
+    pub url: &'a str,
+    /// JSON text, sent as the body.
+    pub body: Option<String>,
+    pub idempotency_key: &'a str,
+    /// The run slot to let go of between attempts.
+    pub slot: Option<&'a dyn RunSlot>,
+    /// Whether a 2xx event stream comes back unread ([`Answer::stream`]).
+    pub streams: bool,
 }
 
 /// An answer's body, read as far as the cap.
@@ -416,6 +467,7 @@ impl Function for HttpFunction {
                 request.args.to_owned(),
                 request.idempotency_key,
                 request.slot,
+                false,
             )
             .await?;
         json_result(self.poster.url(), answer).map(|value| value.to_string())
@@ -432,16 +484,15 @@ impl Function for HttpFunction {
                 request.function
             )));
         };
-        let answer = self
-            .poster
-            .send(
-                reqwest::Method::GET,
-                url,
-                None,
-                request.idempotency_key,
-                request.slot,
-            )
-            .await?;
+        let ask = Ask {
+            method: reqwest::Method::GET,
+            url,
+            body: None,
+            idempotency_key: request.idempotency_key,
+            slot: request.slot,
+            streams: false,
+        };
+        let answer = self.poster.send(ask).await?;
         if answer.status == StatusCode::NOT_FOUND {
             return Ok(Reconciled::NotRun);
         }
@@ -525,7 +576,7 @@ mod tests {
         let throttle = [(THROTTLE_HEADER, "2"), (THROTTLE_RETRY_AFTER_HEADER, "3")];
         let poster = echo_poster(&mock.base_url(), &throttle, RetryPolicy::default(), &waits);
         let answer = poster
-            .post("{}".to_owned(), "key-1", None)
+            .post("{}".to_owned(), "key-1", None, false)
             .await
             .expect("an answer");
         assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
@@ -549,7 +600,7 @@ mod tests {
         ];
         let poster = echo_poster(&mock.base_url(), &throttle, retry, &waits);
         let answer = poster
-            .post("{}".to_owned(), "key-2", None)
+            .post("{}".to_owned(), "key-2", None, false)
             .await
             .expect("the last answer");
         assert_eq!(answer.status, StatusCode::SERVICE_UNAVAILABLE);
@@ -570,7 +621,7 @@ mod tests {
         let refused = [(THROTTLE_HEADER, "1"), (THROTTLE_STATUS_HEADER, "400")];
         let poster = echo_poster(&mock.base_url(), &refused, RetryPolicy::default(), &waits);
         let answer = poster
-            .post("{}".to_owned(), "key-3", None)
+            .post("{}".to_owned(), "key-3", None, false)
             .await
             .expect("an answer");
         assert_eq!(answer.status, StatusCode::BAD_REQUEST);
@@ -595,7 +646,7 @@ mod tests {
         ];
         let poster = echo_poster(&mock.base_url(), &throttle, retry, &waits);
         let answer = poster
-            .post("{}".to_owned(), "key-4", None)
+            .post("{}".to_owned(), "key-4", None, false)
             .await
             .expect("the answer");
         assert_eq!(answer.status, StatusCode::TOO_MANY_REQUESTS);
@@ -608,7 +659,7 @@ mod tests {
         ];
         let poster = echo_poster(&mock.base_url(), &huge, retry, &waits);
         let answer = poster
-            .post("{}".to_owned(), "key-6", None)
+            .post("{}".to_owned(), "key-6", None, false)
             .await
             .expect("the answer");
         assert_eq!(answer.status, StatusCode::TOO_MANY_REQUESTS);
@@ -624,7 +675,7 @@ mod tests {
         let waits = Arc::new(Waits::default());
         let poster = echo_poster(&base, &[], RetryPolicy::default(), &waits);
         let error = poster
-            .post("{}".to_owned(), "key-5", None)
+            .post("{}".to_owned(), "key-5", None, false)
             .await
             .expect_err("no answer");
         assert!(

@@ -34,6 +34,18 @@ impl fmt::Debug for dyn RunSlot + '_ {
     }
 }
 
+/// Where a call's function sends the pieces of a streamed answer as they come (the chunks'
+/// deltas), for the host to forward to whoever follows the outputs. Never recorded.
+pub trait CallDeltas: Send + Sync {
+    fn delta(&self, delta: &serde_json::Value);
+}
+
+impl fmt::Debug for dyn CallDeltas + '_ {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("CallDeltas")
+    }
+}
+
 /// One call of a function, as its handler sees it.
 #[derive(Clone, Copy, Debug)]
 pub struct CallRequest<'a> {
@@ -46,6 +58,8 @@ pub struct CallRequest<'a> {
     pub idempotency_key: &'a str,
     /// The run slot the call's run holds, when the host lends it ([`RunSlot`]).
     pub slot: Option<&'a dyn RunSlot>,
+    /// Where a streamed answer's pieces go as they come, when someone follows them.
+    pub deltas: Option<&'a dyn CallDeltas>,
 }
 
 /// Why a function returned no result.

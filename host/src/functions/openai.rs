@@ -9,12 +9,15 @@
 //! An endpoint that answers with one JSON completion instead is read as such.
 
 use async_trait::async_trait;
-use eventsource_stream::Eventsource as _;
+use std::time::Duration;
+
+use eventsource_stream::{EventStreamError, Eventsource as _};
 use futures_util::StreamExt as _;
 use serde_json::{Map, Value, json};
 
-use super::http::{Answer, HttpConfig, JsonPoster, json_result};
-use super::{CallRequest, Function, FunctionError};
+use super::http::{HttpConfig, JsonPoster, json_result};
+use super::{CallDeltas, CallRequest, Function, FunctionError};
+use crate::crash::{self, CrashPoint};
 
 /// Where and how to reach the chat endpoint.
 #[derive(Clone, Debug)]
@@ -86,14 +89,18 @@ impl Function for OpenAiChatFunction {
         if let Value::Object(options) = options {
             options.insert("include_usage".to_owned(), Value::Bool(true));
         }
-        let answer = self
-            .poster
-            .post(
-                Value::Object(body).to_string(),
-                request.idempotency_key,
-                request.slot,
-            )
-            .await?;
+        let body = Value::Object(body).to_string();
+        let key = request.idempotency_key;
+        let mut answer = (self.poster.post(body, key, request.slot, true)).await?;
+        let reading = Reading {
+            url: self.poster.url(),
+            max_bytes: self.max_message_bytes.saturating_mul(STREAM_OVERHEAD),
+            between_reads: self.poster.timeout(),
+            deltas: request.deltas,
+        };
+        if let Some(stream) = answer.stream.take() {
+            return self.result(&assemble(&reading, stream.bytes_stream()).await?);
+        }
         // By its type, or by its first field when something between lost the type (a
         // proxy; `rewind test`'s simulator): a JSON completion starts with `{`.
         let streamed = answer.status.is_success()
@@ -103,7 +110,10 @@ impl Function for OpenAiChatFunction {
                     .iter()
                     .any(|field| answer.body.trim_start().starts_with(field)));
         if streamed {
-            return self.result(&assemble(self.poster.url(), answer).await?);
+            let whole = futures_util::stream::iter([Ok::<_, std::convert::Infallible>(
+                bytes::Bytes::from(answer.body),
+            )]);
+            return self.result(&assemble(&reading, whole).await?);
         }
         let response = json_result(self.poster.url(), answer)?;
         let Some(Value::Object(mut message)) = response.pointer("/choices/0/message").cloned()
@@ -129,26 +139,87 @@ impl Function for OpenAiChatFunction {
     }
 }
 
-/// The message a streamed answer's chunks make up, as the result of a call.
-async fn assemble(url: &str, answer: Answer) -> Result<Value, FunctionError> {
+/// How a streamed answer is read.
+struct Reading<'a> {
+    url: &'a str,
+    /// Bytes of the answer as sent, at most.
+    max_bytes: usize,
+    /// The longest the stream may go without a chunk.
+    between_reads: Duration,
+    /// Where each chunk's delta goes as it comes.
+    deltas: Option<&'a dyn CallDeltas>,
+}
+
+/// Why the bytes of a streamed answer stopped.
+#[derive(Debug, thiserror::Error)]
+enum Cut {
+    #[error("{0}")]
+    Transport(String),
+    #[error("the streamed answer is larger than {0} bytes")]
+    TooLarge(usize),
+}
+
+/// The message a streamed answer's chunks make up, as the result of a call, read as the
+/// chunks come: each one's delta is forwarded as it is read, the answer may take at most
+/// `max_bytes`, and at most `between_reads` may pass without a chunk.
+async fn assemble<B, E>(
+    reading: &Reading<'_>,
+    bytes: impl futures_util::Stream<Item = Result<B, E>> + Send + Unpin,
+) -> Result<Value, FunctionError>
+where
+    B: AsRef<[u8]> + Send,
+    E: std::fmt::Display + Send,
+{
+    let url = reading.url;
     let failed = |message: String| FunctionError::Failed(format!("{url}: {message}"));
-    let mut events =
-        futures_util::stream::iter([Ok::<_, std::convert::Infallible>(answer.body.into_bytes())])
-            .eventsource();
+    let max = reading.max_bytes;
+    let mut read = 0usize;
+    let counted = bytes.map(move |chunk| {
+        let chunk = chunk.map_err(|e| Cut::Transport(e.to_string()))?;
+        read += chunk.as_ref().len();
+        if read > max {
+            return Err(Cut::TooLarge(max));
+        }
+        Ok(chunk)
+    });
+    let mut events = counted.eventsource();
     let mut message = Map::new();
     let mut content: Option<String> = None;
     let mut tool_calls: Vec<Value> = Vec::new();
     let (mut finish_reason, mut usage) = (Value::Null, Value::Null);
     let mut done = false;
     let mut chunks = 0usize;
-    while let Some(event) = events.next().await {
-        let event =
-            event.map_err(|e| failed(format!("a streamed answer that does not read: {e}")))?;
+    loop {
+        let next = tokio::time::timeout(reading.between_reads, events.next()).await;
+        let Ok(next) = next else {
+            // Cut short: nothing is recorded, and the call is made again under its key.
+            return Err(FunctionError::Unavailable(format!(
+                "{url}: no chunk of the streamed answer within {:?} (after {chunks})",
+                reading.between_reads
+            )));
+        };
+        let Some(event) = next else { break };
+        let event = match event {
+            Ok(event) => event,
+            Err(EventStreamError::Transport(Cut::TooLarge(max))) => {
+                return Err(failed(format!("response larger than {max} bytes")));
+            }
+            // Cut short: nothing is recorded, and the call is made again under its key.
+            Err(EventStreamError::Transport(Cut::Transport(e))) => {
+                return Err(FunctionError::Unavailable(format!(
+                    "{url}: the streamed answer broke off after {chunks} chunks: {e}"
+                )));
+            }
+            Err(e) => return Err(failed(format!("a streamed answer that does not read: {e}"))),
+        };
         if event.data.trim() == "[DONE]" {
             done = true;
             break;
         }
         chunks += 1;
+        if chunks == 1 {
+            crash::reached(CrashPoint::MidStream);
+        }
         let chunk: Value = serde_json::from_str(&event.data).map_err(|e| {
             failed(format!(
                 "chunk {chunks} of the streamed answer is not JSON: {e}"
@@ -175,6 +246,11 @@ async fn assemble(url: &str, answer: Answer) -> Result<Value, FunctionError> {
             finish_reason = reason.clone();
         }
         let delta = &choice["delta"];
+        if let Some(deltas) = reading.deltas
+            && carries_text(delta)
+        {
+            deltas.delta(delta);
+        }
         if let Some(role) = delta.get("role").filter(|r| r.is_string()) {
             message.insert("role".to_owned(), role.clone());
         }
@@ -227,6 +303,16 @@ async fn assemble(url: &str, answer: Answer) -> Result<Value, FunctionError> {
         }
     }
     Ok(Value::Object(message))
+}
+
+/// Whether a chunk's delta carries a piece of the message (not only its role, or nothing).
+fn carries_text(delta: &Value) -> bool {
+    (delta.as_object().into_iter().flatten()).any(|(field, piece)| match piece {
+        Value::String(text) => field != "role" && !text.is_empty(),
+        Value::Null => false,
+        Value::Array(items) => !items.is_empty(),
+        _ => true,
+    })
 }
 
 /// Tool calls one answer may make: a remote's `index` beyond it is refused, not allocated.
@@ -288,6 +374,7 @@ mod tests {
                 args,
                 idempotency_key: "key-1",
                 slot: None,
+                deltas: None,
             })
             .await
             .expect("an answer");
@@ -322,6 +409,7 @@ mod tests {
             args: r#"{"messages": []}"#,
             idempotency_key: "key-1",
             slot: None,
+            deltas: None,
         })
         .await
     }
@@ -369,6 +457,69 @@ mod tests {
         assert!(ask(&chat_at(&base, 2000)).await.is_ok(), "under the cap");
     }
 
+    /// Each piece of a streamed answer goes to the call's deltas as it is read, in order,
+    /// and the pieces joined are the recorded content; a model that goes quiet mid-answer
+    /// for longer than the function's timeout is cut there, unavailable (nothing recorded:
+    /// made again under its key), whatever its answer's whole length.
+    #[tokio::test]
+    async fn pieces_go_out_as_they_come_and_a_stream_quiet_past_the_timeout_is_cut() {
+        #[derive(Default)]
+        struct Collected(std::sync::Mutex<Vec<Value>>);
+        impl CallDeltas for Collected {
+            fn delta(&self, delta: &Value) {
+                self.0.lock().expect("lock").push(delta.clone());
+            }
+        }
+        let mock = rewind_mock::MockService::start("127.0.0.1:0".parse().expect("addr"))
+            .await
+            .expect("the mock starts");
+        let chat = |pause_ms: u64, timeout: Duration| {
+            let mut chat = chat_at(&format!("{}/v1", mock.base_url()), 1 << 20);
+            chat.poster = chat.poster.with_headers(vec![(
+                rewind_mock::CHUNK_DELAY_HEADER.to_owned(),
+                pause_ms.to_string(),
+            )]);
+            chat.poster = chat.poster.with_timeout(timeout);
+            chat
+        };
+        let args = json!({ "messages": [{ "role": "user", "content": "Where is A1234?" }] });
+        let args = args.to_string();
+        let collected = Collected::default();
+        let request = CallRequest {
+            function: "llm.chat",
+            args: &args,
+            idempotency_key: "key-1",
+            slot: None,
+            deltas: Some(&collected),
+        };
+        // Slower than the timeout in all (six chunks 300 ms apart), never between reads.
+        let slow = chat(300, Duration::from_secs(1));
+        let result = slow.call(request).await.expect("an answer");
+        let result: Value = serde_json::from_str(&result).expect("JSON");
+        let pieces = collected.0.lock().expect("lock").clone();
+        let joined: String = (pieces.iter())
+            .filter_map(|delta| delta["content"].as_str())
+            .collect();
+        assert!(pieces.len() >= 2, "{pieces:?}");
+        assert_eq!(
+            Some(joined.as_str()),
+            result["content"].as_str(),
+            "{pieces:?}"
+        );
+
+        let quiet = chat(2_000, Duration::from_millis(200));
+        let request = CallRequest {
+            idempotency_key: "key-2",
+            deltas: None,
+            ..request
+        };
+        let error = quiet.call(request).await.expect_err("cut");
+        assert!(
+            matches!(&error, FunctionError::Unavailable(m) if m.contains("no chunk of the streamed answer within 200ms")),
+            "{error:?}"
+        );
+    }
+
     fn chat_at(base_url: &str, max_response_bytes: usize) -> OpenAiChatFunction {
         OpenAiChatFunction::new(OpenAiChatConfig {
             base_url: base_url.to_owned(),
@@ -383,6 +534,18 @@ mod tests {
                 max_response_bytes,
             },
         })
+    }
+
+    /// The message `body`, a whole streamed answer, makes up.
+    async fn assembled(body: String) -> Result<Value, FunctionError> {
+        let reading = Reading {
+            url: "http://model",
+            max_bytes: usize::MAX,
+            between_reads: Duration::from_secs(10),
+            deltas: None,
+        };
+        let whole = [Ok::<_, std::convert::Infallible>(body.into_bytes())];
+        assemble(&reading, futures_util::stream::iter(whole)).await
     }
 
     #[tokio::test]
@@ -409,8 +572,7 @@ mod tests {
             "data: [DONE]\n\n".to_owned(),
         ]
         .concat();
-        let answer = Answer::for_tests(body, "text/event-stream");
-        let message = assemble("http://model", answer).await.expect("assembled");
+        let message = assembled(body).await.expect("assembled");
         assert_eq!(
             message,
             json!({
@@ -426,9 +588,7 @@ mod tests {
             json!({ "tool_calls": [{ "index": 1_000_000_000u64, "function": { "name": "x" } }] }),
             Value::Null,
         );
-        let error = assemble("http://model", Answer::for_tests(far, "text/event-stream"))
-            .await
-            .expect_err("an index past the bound");
+        let error = assembled(far).await.expect_err("an index past the bound");
         assert!(error.to_string().contains("at most 128"), "{error}");
         // The first choice when the endpoint leaves `index` out; a refusal joined like the
         // content; an error in the stream leaves the remote unavailable (nothing recorded).
@@ -444,30 +604,19 @@ mod tests {
             "data: [DONE]\n\n".to_owned(),
         ]
         .concat();
-        let message = assemble(
-            "http://model",
-            Answer::for_tests(unindexed, "text/event-stream"),
-        )
-        .await
-        .expect("assembled");
+        let message = assembled(unindexed).await.expect("assembled");
         assert_eq!(message["refusal"], "I cannot.", "{message}");
         assert_eq!(message["finish_reason"], "stop", "{message}");
         let failing = format!(
             "data: {}\n\n",
             json!({ "error": { "message": "overloaded" } })
         );
-        let error = assemble(
-            "http://model",
-            Answer::for_tests(failing, "text/event-stream"),
-        )
-        .await
-        .expect_err("an error in the stream");
+        let error = assembled(failing)
+            .await
+            .expect_err("an error in the stream");
         assert!(matches!(error, FunctionError::Unavailable(_)), "{error:?}");
-        let cut = Answer::for_tests(
-            chunk(json!({ "content": "Hel" }), Value::Null),
-            "text/event-stream",
-        );
-        let error = assemble("http://model", cut).await.expect_err("no [DONE]");
+        let cut = chunk(json!({ "content": "Hel" }), Value::Null);
+        let error = assembled(cut).await.expect_err("no [DONE]");
         assert!(
             matches!(&error, FunctionError::Unavailable(m) if m.contains("without [DONE]")),
             "not recorded, made again: {error:?}"

@@ -30,7 +30,7 @@ use crate::agent::{Agent, Control, InputError, InputReport, Memory, Waiting};
 use crate::backoff::Backoff;
 pub use crate::checkpoint::Ended;
 use crate::durable::unix_ms;
-use crate::event::Input;
+use crate::event::{Deltas, Input};
 use crate::functions::{Clock, RunSlot, SystemClock};
 use crate::text;
 
@@ -189,6 +189,12 @@ pub trait Front: Send + Sync + 'static {
         input: &Queued<Self::Extra>,
         by: &str,
     ) -> Result<(), HostFault>;
+
+    /// Where the pieces of streamed answers go as they come (token deltas), when someone
+    /// follows them: forwarded live, never recorded.
+    fn deltas(&self) -> Option<Arc<dyn Deltas>> {
+        None
+    }
 }
 
 /// Where a key's first unfinished input stands.
@@ -1196,6 +1202,7 @@ async fn attempts<F: Front>(
         let control = Control {
             cancel: cancel.clone(),
             slot: Some(Arc::clone(&lent) as Arc<dyn RunSlot>),
+            deltas: front.deltas(),
         };
         let mut report = agent
             .process_isolated(&queued.input, memory, &control)

@@ -23,7 +23,7 @@ use crate::checkpoint::{
 use crate::commands::{CallAnswer, Command, CommandQueue, Outcome, Verb};
 use crate::crash::{self, CrashPoint};
 use crate::durable::{self, Answer, CallStats, CallsByFunction};
-use crate::event::Input;
+use crate::event::{Deltas, Input};
 use crate::store::{ActionStateStore, LogStore, StoreError};
 use crate::text;
 
@@ -191,6 +191,8 @@ pub struct RunOptions<'a> {
     /// holds [`HELD_PER_KEY_SLOT`] × `parallelism` inputs at a wait and nothing else runs;
     /// otherwise (a stream) it waits for some to finish.
     pub end_when_held: bool,
+    /// Where the pieces of streamed answers go as they come (`rewind run --follow`).
+    pub deltas: Option<&'a Arc<dyn Deltas>>,
 }
 
 /// How often a run looks for operator commands.
@@ -259,6 +261,7 @@ pub async fn run_inputs<S: OutputSink>(
         agent: Arc::clone(&agent),
         permits: Arc::new(Semaphore::new(agent.parallelism())),
         done,
+        deltas: options.deltas.cloned(),
     };
     let mut run = Run {
         agent: Arc::clone(&agent),
@@ -417,6 +420,7 @@ struct StreamFront {
     agent: Arc<Agent>,
     permits: Arc<Semaphore>,
     done: mpsc::UnboundedSender<Done>,
+    deltas: Option<Arc<dyn Deltas>>,
 }
 
 #[async_trait]
@@ -427,6 +431,10 @@ impl Front for StreamFront {
 
     async fn slot(&self, _: &String) -> Option<OwnedSemaphorePermit> {
         Arc::clone(&self.permits).acquire_owned().await.ok()
+    }
+
+    fn deltas(&self) -> Option<Arc<dyn Deltas>> {
+        self.deltas.clone()
     }
 
     async fn agent(&self, _: &String, _: &Queued<()>) -> Result<Arc<Agent>, HostFault> {

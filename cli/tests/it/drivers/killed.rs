@@ -57,6 +57,8 @@ fn repeats(crash: Crash) -> (u64, u64) {
         // the last charge; the two between read the clock.)
         CrashPoint::AfterCall if matches!((crash.nth - 1) % 4, 0 | 3) => (1, 1),
         CrashPoint::AfterCall => (0, 0),
+        // A streamed answer cut short: the call is asked again, once, under its key.
+        CrashPoint::MidStream => (1, 1),
         // A checkpoint or a log write: the one input in flight may be inside a call.
         CrashPoint::CheckpointRefresh
         | CrashPoint::CheckpointSave
@@ -302,15 +304,22 @@ mod run {
             CrashPoint::CheckpointSave => 2,
             CrashPoint::CheckpointSaved => 2,
             CrashPoint::TornWrite => 9,
+            // Not reached: the suite's agent streams no answer (see below).
+            CrashPoint::MidStream => 1,
         }
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn recovers_from_a_kill_at_every_crash_point() {
-        let crashes = CrashPoint::ALL.map(|point| Crash {
-            point,
-            nth: nth(point),
-        });
+        // Every point the suite's agent reaches: it streams no model answer (a kill
+        // mid-stream is `kill::a_stream_cut_by_a_crash_is_asked_again_then_served_from_its_record`).
+        let crashes: Vec<Crash> = (CrashPoint::ALL.into_iter())
+            .filter(|&point| point != CrashPoint::MidStream)
+            .map(|point| Crash {
+                point,
+                nth: nth(point),
+            })
+            .collect();
         killed_at_each(|url| async move { make(&url).await }, &crashes, None).await;
     }
 }

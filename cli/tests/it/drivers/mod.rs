@@ -567,6 +567,7 @@ mod run {
                 commands: Some(&queue),
                 until_waits_end: false,
                 end_when_held: false,
+                deltas: None,
             };
             run_inputs(agent, stream, &mut sink, &(), options)
                 .await

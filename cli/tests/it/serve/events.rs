@@ -242,6 +242,13 @@ async fn a_failed_input_is_retried_then_parked_listed_and_once_skipped_the_key_g
 }
 
 /// Reads server-sent events from `response` until `n` outputs came; their ids and data.
+/// Opens the tenant acme's output stream.
+async fn follow(server: &Server, token: &str) -> reqwest::Response {
+    let url = server.url("/v1/tenants/acme/outputs/stream");
+    let stream = server.client.get(url).bearer_auth(token).send().await;
+    stream.expect("the stream opens")
+}
+
 async fn read_events(response: reqwest::Response, n: usize) -> Vec<(u64, Value)> {
     let mut stream = response.bytes_stream().eventsource();
     let mut events = Vec::new();
@@ -266,13 +273,7 @@ async fn outputs_stream_as_server_sent_events_and_a_reconnect_resumes() {
     let acme = server.tenant("acme").await;
     server.deploy("acme", &acme, "bot", "caller", "").await;
 
-    let stream = server
-        .client
-        .get(server.url("/v1/tenants/acme/outputs/stream"))
-        .bearer_auth(&acme)
-        .send()
-        .await
-        .expect("the stream opens");
+    let stream = follow(&server, &acme).await;
     assert_eq!(stream.status(), StatusCode::OK);
     assert!(
         stream.headers()["content-type"]
@@ -306,6 +307,62 @@ async fn outputs_stream_as_server_sent_events_and_a_reconnect_resumes() {
     let next = read_events(resumed, 1).await;
     assert_eq!(next[0].0, 3);
     assert_eq!(next[0].1["event_id"], "e3");
+}
+
+/// The pieces of a streamed model answer reach the output stream as `delta` events while
+/// the call reads them, before the input's output, and joined they are what was recorded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streamed_answers_pieces_reach_the_output_stream_before_the_output() {
+    let mock = rewind_mock::MockService::start("127.0.0.1:0".parse().expect("addr"))
+        .await
+        .expect("the mock starts");
+    let at = mock.base_url().trim_start_matches("http://").to_owned();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = format!("[tenants.acme]\nallow-hosts = [\"{at}\"]\n");
+    let server = Server::start(dir.path(), &config).await;
+    let acme = server.tenant("acme").await;
+    let chat = format!(
+        "[functions.chat]\nkind = \"openai-chat\"\nbase-url = \"{}/v1\"\nmodel = \"m\"\n\
+         headers = {{ \"{}\" = \"20\" }}\n",
+        mock.base_url(),
+        rewind_mock::CHUNK_DELAY_HEADER
+    );
+    server.deploy("acme", &acme, "bot", "caller", &chat).await;
+    let stream = follow(&server, &acme).await;
+    let messages = json!([{ "role": "user", "content": "Where is my order A1234?" }]);
+    let payload = json!({ "calls": [{ "function": "chat", "args": { "messages": messages } }] });
+    let (status, body) = server
+        .submit("acme", &acme, "bot", "e1", "k", payload)
+        .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    let mut events = stream.bytes_stream().eventsource();
+    let mut pieces = String::new();
+    let output = loop {
+        let event = tokio::time::timeout(Duration::from_secs(30), events.next())
+            .await
+            .expect("an event within 30 s")
+            .expect("the stream stays open")
+            .expect("the stream reads");
+        let data: Value = serde_json::from_str(&event.data).expect("JSON");
+        match event.event.as_str() {
+            "delta" => {
+                assert_eq!(
+                    (&data["agent"], &data["key"], &data["function"]),
+                    (&json!("bot"), &json!("k"), &json!("chat")),
+                    "{data}"
+                );
+                pieces.push_str(data["delta"]["content"].as_str().unwrap_or_default());
+            }
+            "output" => break data,
+            other => panic!("an event of another kind: {other}"),
+        }
+    };
+    assert!(!pieces.is_empty(), "pieces came before the output");
+    assert_eq!(
+        output["payload"]["results"][0]["ok"]["content"].as_str(),
+        Some(pieces.as_str()),
+        "{output}"
+    );
 }
 
 #[tokio::test]

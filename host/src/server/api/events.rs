@@ -17,11 +17,12 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use futures_util::Stream;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
-use tokio::sync::watch;
+use tokio::sync::{broadcast, watch};
 use utoipa::{IntoParams, ToSchema};
 
 use super::inputs::{MAX_AFTER, checked_after, checked_limit};
 use super::{ApiError, ErrorBody, MAX_EVENT_BODY, TenantErrors, open_tenant, read_body};
+use crate::event::Delta;
 use crate::server::ServerState;
 use crate::server::runtime::{PositionedOutput, Submission, SubmitError, Submitted, TenantRuntime};
 
@@ -182,12 +183,16 @@ pub(super) struct StreamQuery {
 
 /// Follows the tenant's outputs as server-sent events: each is an `output` event whose id
 /// is its position and whose data is the output as `GET .../outputs` lists it. The stream
-/// stays open, sending outputs as they are written, until the server stops.
+/// stays open, sending outputs as they are written, until the server stops. Between them
+/// come `delta` events, without an id: the pieces of streamed model answers as the
+/// tenant's inputs' calls read them (`{"agent", "key", "sequence", "action", "call",
+/// "function", "delta"}`), never recorded nor sent again; a follower that falls behind by
+/// more than 1,024 loses the oldest.
 #[utoipa::path(get, path = "/v1/tenants/{tenant}/outputs/stream", tag = "events",
     params(TenantPath, StreamQuery,
         ("Last-Event-ID" = Option<u64>, Header, minimum = 0, maximum = 9_223_372_036_854_775_807_i64, description = "Resume after this position")),
     responses(
-        (status = 200, description = "A stream of `output` events", content_type = "text/event-stream", body = String),
+        (status = 200, description = "A stream of `output` events, and `delta` events as model answers stream", content_type = "text/event-stream", body = String),
         TenantErrors,
     ))]
 pub(super) async fn stream_outputs(
@@ -214,6 +219,7 @@ pub(super) async fn stream_outputs(
     };
     let follow = Follow {
         changes: runtime.watch_outputs(),
+        deltas: runtime.follow_deltas(),
         runtime,
         position: after,
         buffer: VecDeque::new(),
@@ -230,6 +236,7 @@ pub(super) async fn stream_outputs(
 struct Follow {
     runtime: Arc<TenantRuntime>,
     changes: watch::Receiver<u64>,
+    deltas: broadcast::Receiver<Delta>,
     position: u64,
     buffer: VecDeque<PositionedOutput>,
     closing: watch::Receiver<bool>,
@@ -262,6 +269,15 @@ impl Follow {
                     tokio::select! {
                         changed = self.changes.changed() => changed.ok()?,
                         _ = self.closing.changed() => return None,
+                        delta = self.deltas.recv() => match delta {
+                            Ok(delta) => return Some(delta_event(&delta)),
+                            Err(broadcast::error::RecvError::Lagged(lost)) => {
+                                return Some(Event::default().comment(format!(
+                                    "{lost} deltas lost: this follower fell behind"
+                                )));
+                            }
+                            Err(broadcast::error::RecvError::Closed) => return None,
+                        },
                     }
                 }
                 Err(error) => {
@@ -271,4 +287,18 @@ impl Follow {
             }
         }
     }
+}
+
+/// A `delta` event: the delta without its tenant (the stream's own).
+fn delta_event(delta: &Delta) -> Event {
+    let data = serde_json::json!({
+        "agent": delta.agent,
+        "key": delta.key,
+        "sequence": delta.sequence,
+        "action": delta.action,
+        "call": delta.call,
+        "function": delta.function,
+        "delta": delta.delta,
+    });
+    Event::default().event("delta").data(data.to_string())
 }

@@ -10,11 +10,11 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, broadcast, watch};
 
 use super::Lifecycle;
 use crate::agent::{Agent, InputError, InputReport, Memory, Waiting, WrittenIds};
-use crate::event::OutputRecord;
+use crate::event::{Delta, Deltas, OutputRecord};
 use crate::keys::{Ended, Ending, Front, HostFault, Next, Queued, Refusal};
 use crate::log::{Log, LogError, Offset};
 use crate::server::agents::{Builder, Version, Versions};
@@ -146,9 +146,25 @@ pub(super) struct Tenant {
     pub ledger: Mutex<Ledger>,
     /// The position of the newest output.
     pub outputs: watch::Sender<u64>,
+    /// The pieces of streamed answers, to whoever follows the outputs.
+    pub deltas: Arc<Broadcast>,
     pub stored: Mutex<(Option<Instant>, u64)>,
     /// Where the journal's snapshot stands (the inputs partition's offset it was folded to).
     pub snapshot_at: AtomicU64,
+}
+
+/// Deltas a follower of the outputs may fall behind by before it loses some.
+pub(super) const DELTAS_BEHIND: usize = 1024;
+
+/// The tenant's deltas, sent to every follower of its outputs (none kept: a follower that
+/// falls [`DELTAS_BEHIND`] behind loses the oldest).
+#[derive(Debug)]
+pub(super) struct Broadcast(pub broadcast::Sender<Delta>);
+
+impl Deltas for Broadcast {
+    fn send(&self, delta: Delta) {
+        let _ = self.0.send(delta);
+    }
 }
 
 /// What an input holds while it runs: a slot of the tenant's and one of the host's, and
@@ -416,6 +432,11 @@ impl Front for Tenant {
     type Key = AgentKey;
     type Extra = Entry;
     type Slot = RunSlot;
+
+    /// Only while someone follows the outputs: otherwise a delta would go nowhere.
+    fn deltas(&self) -> Option<Arc<dyn Deltas>> {
+        (self.deltas.0.receiver_count() > 0).then(|| Arc::clone(&self.deltas) as Arc<dyn Deltas>)
+    }
 
     async fn slot(&self, key: &AgentKey) -> Option<RunSlot> {
         if self.lifecycle.stopping() {

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use serde::Serialize;
 use serde_json::value::RawValue;
 use sha2::Digest as _;
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::{Semaphore, broadcast, watch};
 
 pub use front::{AgentKey, Entry};
 pub use lifecycle::Lifecycle;
@@ -30,7 +30,7 @@ use super::quota::{PerMinute, QuotaExceeded};
 use super::states::{StateError, States};
 use crate::agent::{Delivered, SignalError, SignalIn, signal_came};
 use crate::durable::{self, Answer};
-use crate::event::{Input, OutputId, OutputRecord};
+use crate::event::{Delta, Input, OutputId, OutputRecord};
 use crate::keys::{Cancelling, CommandError, Head, HostFault, Keys, Queued};
 use crate::log::{FileLog, FileLogOptions, Log, LogError, Recovery};
 use crate::sandbox::Sandbox;
@@ -460,6 +460,7 @@ impl TenantRuntime {
             agents: RwLock::new(agents),
             ledger: Mutex::new(Ledger::default()),
             outputs: watch::channel(0).0,
+            deltas: Arc::new(front::Broadcast(broadcast::channel(front::DELTAS_BEHIND).0)),
             stored: Mutex::new((None, 0)),
             snapshot_at: AtomicU64::new(0),
         });
@@ -829,6 +830,11 @@ impl TenantRuntime {
     /// Changes whenever outputs are written; holds the position of the newest.
     pub fn watch_outputs(&self) -> watch::Receiver<u64> {
         self.tenant.outputs.subscribe()
+    }
+
+    /// The pieces of streamed answers from now on, as the tenant's inputs' calls read them.
+    pub fn follow_deltas(&self) -> broadcast::Receiver<Delta> {
+        self.tenant.deltas.0.subscribe()
     }
 
     /// Up to `limit` inputs of an agent's key with sequences after `after`, oldest first,
