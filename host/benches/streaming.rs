@@ -111,9 +111,9 @@ async fn throughput(
     (per_second, pieces.load(Ordering::Relaxed))
 }
 
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    let at = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[at]
+/// The `per_mille`th of `sorted`, by rank.
+fn percentile(sorted: &[Duration], per_mille: usize) -> Duration {
+    sorted[(sorted.len() - 1) * per_mille / 1000]
 }
 
 fn main() {
@@ -170,13 +170,13 @@ fn main() {
         println!("{samples} calls, chunks 50 ms apart, one at a time:");
         println!(
             "  first piece at the follower: p50 {:.1} ms, p99 {:.1} ms",
-            percentile(&first, 0.5).as_secs_f64() * 1e3,
-            percentile(&first, 0.99).as_secs_f64() * 1e3
+            percentile(&first, 500).as_secs_f64() * 1e3,
+            percentile(&first, 990).as_secs_f64() * 1e3
         );
         println!(
             "  message put together:        p50 {:.1} ms, p99 {:.1} ms",
-            percentile(&whole, 0.5).as_secs_f64() * 1e3,
-            percentile(&whole, 0.99).as_secs_f64() * 1e3
+            percentile(&whole, 500).as_secs_f64() * 1e3,
+            percentile(&whole, 990).as_secs_f64() * 1e3
         );
     });
 }
