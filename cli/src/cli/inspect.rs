@@ -183,7 +183,8 @@ pub async fn inspect(args: InspectArgs) -> anyhow::Result<ExitCode> {
         }
     }
     let mut by_key: BTreeMap<String, Vec<ActionState>> = BTreeMap::new();
-    for state in states {
+    // A key's index of signal ids is the host's bookkeeping, not a run of the key's.
+    for state in states.into_iter().filter(|s| !s.key.is_signal_ids()) {
         if args.key.as_ref().is_none_or(|k| *k == state.key.scope.key) {
             by_key
                 .entry(state.key.scope.to_string())

@@ -23,7 +23,7 @@ pub use config::{
 pub use output::{JsonlSink, OutputSink, OutputWriter, WrittenIds};
 pub use signal::{
     Delivered, MAX_INBOX_BYTES, MAX_SIGNAL_ID_BYTES, MAX_SIGNAL_PAYLOAD_BYTES,
-    MAX_SIGNALS_PER_INPUT, SignalError, SignalIn, signal_came,
+    MAX_SIGNALS_PER_INPUT, SIGNAL_IDS_KEPT, SignalError, SignalIn, signal_came,
 };
 
 use crate::durable::digest::{input_trigger, sent_trigger};

@@ -18,6 +18,9 @@ pub const MAX_SIGNAL_PAYLOAD_BYTES: usize = 64 * 1024;
 pub const MAX_SIGNAL_ID_BYTES: usize = 128;
 /// Signals one input may be sent.
 pub const MAX_SIGNALS_PER_INPUT: usize = 1000;
+/// Signal ids a key's index keeps (the newest; see [`StateKey::signal_ids`]).
+pub const SIGNAL_IDS_KEPT: usize = 256;
+
 /// The bytes of the payloads one input's signals may carry in all: each signal rewrites
 /// the input's inbox whole, and a wait copies what it takes into its action's state.
 pub const MAX_INBOX_BYTES: usize = 1 << 20;
@@ -141,7 +144,54 @@ impl Agent {
                 declared: format!("{:?}", self.signals()),
             });
         }
-        put_signal(&*self.store, &self.scope(key), sequence, signal).await
+        let delivered = put_signal(&*self.store, &self.scope(key), sequence, signal).await?;
+        if !delivered.repeat {
+            self.remember_signal(key, &signal.id, sequence).await;
+        }
+        Ok(delivered)
+    }
+
+    /// The input of `key` that the signal with client id `id` went to, when the key's index
+    /// of signal ids holds it (its newest [`SIGNAL_IDS_KEPT`]).
+    pub fn signal_sent(&self, key: &str, id: &str) -> Option<u64> {
+        let index = self.store.get(&StateKey::signal_ids(&self.scope(key)))?;
+        (index.calls.iter().rev())
+            .find(|record| record.idempotency_key == id)
+            .and_then(|record| match &record.outcome {
+                CallOutcome::Succeeded(sequence) => sequence.parse().ok(),
+                _ => None,
+            })
+    }
+
+    /// Adds to `key`'s index of signal ids that `id` went to input `sequence`, then sets the
+    /// index aside on the shelf (it would otherwise hold the log back for as long as the key
+    /// lives). Best effort: a failure is logged, and a repeat of `id` after a restart may
+    /// then be taken for a new signal.
+    async fn remember_signal(&self, key: &str, id: &str, sequence: u64) {
+        let scope = self.scope(key);
+        let index_key = StateKey::signal_ids(&scope);
+        let mut index = self.store.get(&index_key).unwrap_or_else(|| {
+            let mut index = ActionState::new(index_key, Event::new("signal-ids", "{}"));
+            index.incarnation = Some(self.store.incarnation());
+            index
+        });
+        if index.calls.len() >= SIGNAL_IDS_KEPT {
+            let over = index.calls.len() + 1 - SIGNAL_IDS_KEPT;
+            index.calls.drain(..over);
+        }
+        index.calls.push(CallRecord {
+            function: "signal".to_owned(),
+            args_digest: Digest::of(&[id.as_bytes()]),
+            idempotency_key: id.to_owned(),
+            outcome: CallOutcome::Succeeded(sequence.to_string()),
+        });
+        if let Err(error) = self.store.put(&index).await {
+            tracing::warn!(agent = %self.name, key, "a signal's id not kept in its key's \
+                index: sent again after a restart, once its input finished, it may reach \
+                the key's next input: {error}");
+            return;
+        }
+        self.shelve(key, u64::MAX).await;
     }
 
     /// Whether a signal `waiting` waits for was delivered to `key`'s input `sequence`: its

@@ -307,13 +307,12 @@ struct KeyState<X> {
     /// as the input leaves its wait, so that none is left behind).
     armed: Option<u64>,
     /// The ids of the signals delivered to the key's inputs lately, with the input each went
-    /// to (the newest [`RECENT_SIGNALS`]): a signal sent again after its input finished is
-    /// known by its id, not delivered to the next input.
+    /// to (the newest [`SIGNAL_IDS_KEPT`]): a signal sent again after its input finished is
+    /// known by its id, not delivered to the next input, even when the key has no
+    /// unfinished input. The agent's index of signal ids is the durable copy, which a
+    /// restart reads (`Agent::signal_sent`).
     signals: VecDeque<(String, u64)>,
 }
-
-/// Signal ids a key remembers (see `KeyState::signals`).
-const RECENT_SIGNALS: usize = 256;
 
 impl<X> Default for KeyState<X> {
     fn default() -> Self {

@@ -1,6 +1,7 @@
 //! Signals from outside, delivered to a key's input and waking it when it waits for one.
 
-use super::{Front, Head, Keys, RECENT_SIGNALS, wake};
+use super::{Front, Head, Keys, wake};
+use crate::agent::SIGNAL_IDS_KEPT;
 use crate::agent::{Delivered, SignalError, SignalIn};
 use crate::text;
 
@@ -75,12 +76,23 @@ impl<F: Front> Keys<F> {
             })?;
         let delivered = {
             let _one_at_a_time = self.shared.signals.lock().await;
+            // Sent again, to the key, before a restart: the input it went to then.
+            let sent = agent.signal_sent(&target.input.key, &signal.id);
+            if let Some(sent) = sent
+                && sent != sequence
+                && sequence_fits(sent, sequence_asked)
+            {
+                return Ok(Delivered {
+                    sequence: sent,
+                    repeat: true,
+                });
+            }
             agent.deliver(&target.input.key, sequence, signal).await?
         };
         {
             let mut table = self.shared.lock();
             if let Some(state) = table.keys.get_mut(key) {
-                if state.signals.len() >= RECENT_SIGNALS {
+                if state.signals.len() >= SIGNAL_IDS_KEPT {
                     state.signals.pop_front();
                 }
                 state.signals.push_back((signal.id.clone(), sequence));

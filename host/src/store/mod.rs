@@ -19,7 +19,8 @@ pub use log::{DEFAULT_REFRESH_BATCH, LogStore, MarkerStrategy};
 pub use memory::InMemoryStore;
 pub use state::{
     ActionState, Ambient, BadIncarnation, CallOutcome, CallRecord, Completion, Digest, Incarnation,
-    KeyScope, MemoryWrite, RandomKey, SIGNALS_ACTION, StateKey, Version, Wait, Waiting,
+    KeyScope, MemoryWrite, RandomKey, SIGNAL_IDS_ACTION, SIGNALS_ACTION, StateKey, Version, Wait,
+    Waiting,
 };
 
 /// The directory of a store's shelf inside its file log's directory (beside the

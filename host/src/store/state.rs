@@ -310,7 +310,29 @@ pub struct Waiting {
 /// `Succeeded(payload)`. No action can be named so: action names do not start with `@`.
 pub const SIGNALS_ACTION: &str = "@signals";
 
+/// The action name of a key's index of signal ids: a state of the key at sequence
+/// `u64::MAX` (which no prune reaches), whose records are the key's newest signals, each
+/// with the client's id (`idempotency_key`) and the input it went to (`Succeeded` of its
+/// sequence), so that a signal sent again once that input finished is known after a
+/// restart too, and not delivered to a later input.
+pub const SIGNAL_IDS_ACTION: &str = "@signal-ids";
+
 impl StateKey {
+    /// The key of `scope`'s index of signal ids.
+    pub fn signal_ids(scope: &KeyScope) -> Self {
+        Self {
+            scope: scope.clone(),
+            sequence: u64::MAX,
+            action: SIGNAL_IDS_ACTION.to_owned(),
+            trigger: Digest::of(&[SIGNAL_IDS_ACTION.as_bytes()]),
+        }
+    }
+
+    /// Whether this is the key of a key's index of signal ids.
+    pub fn is_signal_ids(&self) -> bool {
+        self.action == SIGNAL_IDS_ACTION
+    }
+
     /// The key of the signal inbox of input `sequence` of `scope`.
     pub fn signals(scope: &KeyScope, sequence: u64) -> Self {
         Self {

@@ -287,6 +287,24 @@ fn a_signal_delivered_between_runs_is_taken_by_the_next_once_per_id(caller: &str
         stderr.contains("at a wait: k #2: action `work` waits for signal approve or reject"),
         "the new input did not take the late signal: {stderr}"
     );
+
+    // The first signal sent once more, to the key, by a client that lost the answer: a
+    // process that never saw it knows it from the key's index of signal ids (it went to
+    // #1), and #2 does not take it.
+    let again = signal(
+        dir.path(),
+        "k",
+        &["--name", "approve", "--id", "approval-1"],
+        false,
+    );
+    assert!(again.status.success(), "{}", text(&again.stderr));
+    let fourth = run(dir.path(), &agent, &input, &[]);
+    let stderr = text(&fourth.stderr);
+    assert_eq!(fourth.status.code(), Some(WAITS_PENDING), "{stderr}");
+    assert!(
+        stderr.contains("at a wait: k #2: action `work` waits for signal approve or reject"),
+        "the repeat went to #1, not to #2: {stderr}"
+    );
 }
 
 #[test]
