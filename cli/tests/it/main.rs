@@ -15,6 +15,7 @@ mod idempotency;
 mod in_doubt;
 mod kill;
 mod kit;
+mod mcp;
 mod model;
 mod nats;
 mod operator;

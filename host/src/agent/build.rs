@@ -11,7 +11,8 @@ use crate::backoff::Backoff;
 use crate::durable::{CallBudget, CallPolicy, InDoubtPolicy, SignalScript};
 use crate::functions::{
     AllowedHosts, Clock, DEFAULT_MAX_RESPONSE_BYTES, Function, Functions, HttpConfig, HttpFunction,
-    OpenAiChatConfig, OpenAiChatFunction, RandomFunction, RetryPolicy, SystemClock, TimeFunction,
+    McpConfig, McpFunction, OpenAiChatConfig, OpenAiChatFunction, RandomFunction, RetryPolicy,
+    SystemClock, TimeFunction,
 };
 use crate::sandbox::{self, Sandbox};
 use crate::store::{ActionStateStore, InMemoryStore};
@@ -357,6 +358,13 @@ fn build_function(
                 base_url: config.base_url.clone().unwrap_or_default(),
                 model: config.model.clone().unwrap_or_default(),
                 http,
+            }))
+        }
+        FunctionKind::Mcp => {
+            let url = config.url.clone().unwrap_or_default();
+            Arc::new(McpFunction::new(McpConfig {
+                http: http(url, DEFAULT_HTTP_TIMEOUT_MS)?,
+                tools: (config.tools.clone()).map(|tools| tools.into_iter().collect()),
             }))
         }
         FunctionKind::Time => Arc::new(TimeFunction::new(Arc::clone(clock))),

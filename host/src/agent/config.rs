@@ -153,6 +153,8 @@ pub enum FunctionKind {
     OpenaiChat,
     Time,
     Random,
+    /// The tools of a Model Context Protocol server, over streamable HTTP.
+    Mcp,
     /// Provided by the embedding program through the Rust API.
     Custom,
 }
@@ -191,6 +193,8 @@ pub struct FunctionConfig {
     pub in_doubt: Option<InDoubtPolicy>,
     /// `http` with `in-doubt = "reconcile"`: where to ask what became of a call.
     pub reconcile_url: Option<String>,
+    /// `mcp`: the tools it may call and list; every tool the server has when absent.
+    pub tools: Option<Vec<String>>,
     /// `http`, `openai-chat`: bytes of an answer read (a call's, or a reconcile's); a
     /// longer answer is a recorded failure, "response larger than N bytes". Default
     /// 4 MiB.
@@ -421,6 +425,7 @@ impl FunctionConfig {
             ("secret-headers", !self.secret_headers.is_empty()),
             ("reconcile-url", self.reconcile_url.is_some()),
             ("max-response-bytes", self.max_response_bytes.is_some()),
+            ("tools", self.tools.is_some()),
         ];
         let (required, allowed): (&[&str], &[&str]) = match self.kind {
             FunctionKind::Http => (
@@ -448,6 +453,19 @@ impl FunctionConfig {
                     "headers",
                     "secret-headers",
                     "max-response-bytes",
+                ],
+            ),
+            FunctionKind::Mcp => (
+                &["url"],
+                &[
+                    "url",
+                    "timeout-ms",
+                    "retry",
+                    "retries",
+                    "headers",
+                    "secret-headers",
+                    "max-response-bytes",
+                    "tools",
                 ],
             ),
             FunctionKind::Time | FunctionKind::Random | FunctionKind::Custom => (&[], &[]),
@@ -503,6 +521,7 @@ impl FunctionConfig {
             FunctionKind::OpenaiChat => "openai-chat",
             FunctionKind::Time => "time",
             FunctionKind::Random => "random",
+            FunctionKind::Mcp => "mcp",
             FunctionKind::Custom => "custom",
         }
     }

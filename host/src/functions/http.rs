@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use async_trait::async_trait;
+use eventsource_stream::{Event, EventStreamError, Eventsource as _};
 use reqwest::StatusCode;
 
 use super::{AllowedHosts, CallRequest, Function, FunctionError, Reconciled, RunSlot};
@@ -120,6 +121,17 @@ pub(super) struct Answer {
     pub content_type: Option<String>,
     /// Its `Retry-After` header, when it had one.
     retry_after: Option<String>,
+    /// Its headers.
+    headers: reqwest::header::HeaderMap,
+}
+
+impl Answer {
+    /// Its header `name`, when it had one that is text.
+    pub fn header(&self, name: &str) -> Option<String> {
+        (self.headers.get(name))
+            .and_then(|value| value.to_str().ok())
+            .map(str::to_owned)
+    }
 }
 
 /// The part shared by every function that speaks JSON over HTTP.
@@ -191,6 +203,11 @@ impl JsonPoster {
         self.config.timeout
     }
 
+    /// The bytes of an answer read at most.
+    pub fn max_response_bytes(&self) -> usize {
+        self.config.max_response_bytes
+    }
+
     /// POSTs `body` with the idempotency key, trying again as the [`RetryPolicy`] says (its
     /// run `slot`, when given, let go of between attempts). With `streams`, a 2xx answer
     /// that is an event stream comes back unread ([`Answer::stream`]), for the caller to
@@ -210,6 +227,7 @@ impl JsonPoster {
             idempotency_key,
             slot,
             streams,
+            headers: &[],
         };
         self.send(ask).await
     }
@@ -226,13 +244,21 @@ impl JsonPoster {
             idempotency_key,
             slot,
             streams,
+            headers,
         } = ask;
         let retry = self.config.retry;
         let started = Instant::now();
         let mut attempt = 1;
         loop {
             let outcome = match self
-                .attempt(&method, url, body.as_deref(), idempotency_key, streams)
+                .attempt(
+                    &method,
+                    url,
+                    body.as_deref(),
+                    idempotency_key,
+                    streams,
+                    headers,
+                )
                 .await?
             {
                 Ok(answer) if !retryable(answer.status) => return Ok(answer),
@@ -288,6 +314,7 @@ impl JsonPoster {
         body: Option<&str>,
         idempotency_key: &str,
         streams: bool,
+        headers: &[(String, String)],
     ) -> Result<Result<Answer, String>, FunctionError> {
         let mut request =
             (self.client.request(method.clone(), url)).header("idempotency-key", idempotency_key);
@@ -300,7 +327,7 @@ impl JsonPoster {
                 .header("content-type", "application/json")
                 .body(body.to_owned());
         }
-        for (name, value) in &self.config.headers {
+        for (name, value) in self.config.headers.iter().chain(headers) {
             request = request.header(name, value);
         }
         let sent = match tokio::time::timeout(self.config.timeout, request.send()).await {
@@ -319,6 +346,7 @@ impl JsonPoster {
                 let content_type = header(reqwest::header::CONTENT_TYPE);
                 let event_stream =
                     (content_type.as_deref()).is_some_and(|t| t.starts_with("text/event-stream"));
+                let headers = response.headers().clone();
                 if streams && status.is_success() && event_stream {
                     return Ok(Ok(Answer {
                         status,
@@ -326,6 +354,7 @@ impl JsonPoster {
                         stream: Some(response),
                         content_type,
                         retry_after,
+                        headers,
                     }));
                 }
                 let read = read_body(response, self.config.max_response_bytes);
@@ -340,6 +369,7 @@ impl JsonPoster {
                         stream: None,
                         content_type,
                         retry_after,
+                        headers,
                     })),
                     // Asked again, it would be as large: the call failed.
                     Ok(Body::TooLarge) => Err(FunctionError::Failed(format!(
@@ -371,6 +401,85 @@ pub(super) struct Ask<'a> {
     pub slot: Option<&'a dyn RunSlot>,
     /// Whether a 2xx event stream comes back unread ([`Answer::stream`]).
     pub streams: bool,
+    /// Headers sent besides the function's own.
+    pub headers: &'a [(String, String)],
+}
+
+/// The events of a server-sent event stream, read as they come: at most `max_bytes` of it
+/// in all, and at most `between_reads` without a chunk.
+pub(super) struct EventReader {
+    events: std::pin::Pin<
+        Box<dyn futures_util::Stream<Item = Result<Event, EventStreamError<Cut>>> + Send>,
+    >,
+    between_reads: Duration,
+}
+
+/// Why an event stream stopped short of its end.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum Cut {
+    #[error("{0}")]
+    Transport(String),
+    #[error("larger than {0} bytes")]
+    TooLarge(usize),
+    #[error("not an event stream: {0}")]
+    Unreadable(String),
+    #[error("no chunk within {0:?}")]
+    Quiet(Duration),
+}
+
+impl Cut {
+    /// The call's error: a stream too large, or not one, is the answer (recorded); one cut
+    /// short leaves the call to be made again under its key.
+    pub fn into_error(self, url: &str) -> FunctionError {
+        match self {
+            Self::TooLarge(max) => {
+                FunctionError::Failed(format!("{url}: response larger than {max} bytes"))
+            }
+            Self::Unreadable(_) => FunctionError::Failed(format!("{url}: {self}")),
+            Self::Transport(_) | Self::Quiet(_) => {
+                FunctionError::Unavailable(format!("{url}: the stream broke off: {self}"))
+            }
+        }
+    }
+}
+
+impl EventReader {
+    pub fn new<B, E>(
+        bytes: impl futures_util::Stream<Item = Result<B, E>> + Send + 'static,
+        max_bytes: usize,
+        between_reads: Duration,
+    ) -> Self
+    where
+        B: AsRef<[u8]> + Send + 'static,
+        E: fmt::Display + Send + 'static,
+    {
+        use futures_util::StreamExt as _;
+        let mut read = 0usize;
+        let counted = bytes.map(move |chunk| {
+            let chunk = chunk.map_err(|e| Cut::Transport(e.to_string()))?;
+            read += chunk.as_ref().len();
+            if read > max_bytes {
+                return Err(Cut::TooLarge(max_bytes));
+            }
+            Ok(chunk)
+        });
+        Self {
+            events: Box::pin(counted.eventsource()),
+            between_reads,
+        }
+    }
+
+    /// The next event; `None` at the stream's end.
+    pub async fn next(&mut self) -> Result<Option<Event>, Cut> {
+        use futures_util::StreamExt as _;
+        let next = tokio::time::timeout(self.between_reads, self.events.next()).await;
+        match next.map_err(|_| Cut::Quiet(self.between_reads))? {
+            None => Ok(None),
+            Some(Ok(event)) => Ok(Some(event)),
+            Some(Err(EventStreamError::Transport(cut))) => Err(cut),
+            Some(Err(e)) => Err(Cut::Unreadable(e.to_string())),
+        }
+    }
 }
 
 /// An answer's body, read as far as the cap.
@@ -491,6 +600,7 @@ impl Function for HttpFunction {
             idempotency_key: request.idempotency_key,
             slot: request.slot,
             streams: false,
+            headers: &[],
         };
         let answer = self.poster.send(ask).await?;
         if answer.status == StatusCode::NOT_FOUND {

@@ -6,6 +6,7 @@
 mod builtin;
 mod hosts;
 mod http;
+mod mcp;
 mod openai;
 
 use std::collections::BTreeMap;
@@ -17,6 +18,7 @@ use async_trait::async_trait;
 pub use builtin::{Clock, RandomFunction, SKIP_TIME_ENV, SkippingClock, SystemClock, TimeFunction};
 pub use hosts::AllowedHosts;
 pub use http::{DEFAULT_MAX_RESPONSE_BYTES, HttpConfig, HttpFunction, RetryPolicy};
+pub use mcp::{IDEMPOTENCY_META, McpConfig, McpFunction, PROTOCOL_VERSION};
 pub use openai::{OpenAiChatConfig, OpenAiChatFunction};
 
 /// The run slot a call's run holds, which a function lets go of while it waits between

@@ -11,11 +11,9 @@
 use async_trait::async_trait;
 use std::time::Duration;
 
-use eventsource_stream::{EventStreamError, Eventsource as _};
-use futures_util::StreamExt as _;
 use serde_json::{Map, Value, json};
 
-use super::http::{HttpConfig, JsonPoster, json_result};
+use super::http::{EventReader, HttpConfig, JsonPoster, json_result};
 use super::{CallDeltas, CallRequest, Function, FunctionError};
 use crate::crash::{self, CrashPoint};
 
@@ -150,39 +148,20 @@ struct Reading<'a> {
     deltas: Option<&'a dyn CallDeltas>,
 }
 
-/// Why the bytes of a streamed answer stopped.
-#[derive(Debug, thiserror::Error)]
-enum Cut {
-    #[error("{0}")]
-    Transport(String),
-    #[error("the streamed answer is larger than {0} bytes")]
-    TooLarge(usize),
-}
-
 /// The message a streamed answer's chunks make up, as the result of a call, read as the
 /// chunks come: each one's delta is forwarded as it is read, the answer may take at most
 /// `max_bytes`, and at most `between_reads` may pass without a chunk.
 async fn assemble<B, E>(
     reading: &Reading<'_>,
-    bytes: impl futures_util::Stream<Item = Result<B, E>> + Send + Unpin,
+    bytes: impl futures_util::Stream<Item = Result<B, E>> + Send + 'static,
 ) -> Result<Value, FunctionError>
 where
-    B: AsRef<[u8]> + Send,
-    E: std::fmt::Display + Send,
+    B: AsRef<[u8]> + Send + 'static,
+    E: std::fmt::Display + Send + 'static,
 {
     let url = reading.url;
     let failed = |message: String| FunctionError::Failed(format!("{url}: {message}"));
-    let max = reading.max_bytes;
-    let mut read = 0usize;
-    let counted = bytes.map(move |chunk| {
-        let chunk = chunk.map_err(|e| Cut::Transport(e.to_string()))?;
-        read += chunk.as_ref().len();
-        if read > max {
-            return Err(Cut::TooLarge(max));
-        }
-        Ok(chunk)
-    });
-    let mut events = counted.eventsource();
+    let mut events = EventReader::new(bytes, reading.max_bytes, reading.between_reads);
     let mut message = Map::new();
     let mut content: Option<String> = None;
     let mut tool_calls: Vec<Value> = Vec::new();
@@ -190,27 +169,9 @@ where
     let mut done = false;
     let mut chunks = 0usize;
     loop {
-        let next = tokio::time::timeout(reading.between_reads, events.next()).await;
-        let Ok(next) = next else {
-            // Cut short: nothing is recorded, and the call is made again under its key.
-            return Err(FunctionError::Unavailable(format!(
-                "{url}: no chunk of the streamed answer within {:?} (after {chunks})",
-                reading.between_reads
-            )));
-        };
-        let Some(event) = next else { break };
-        let event = match event {
-            Ok(event) => event,
-            Err(EventStreamError::Transport(Cut::TooLarge(max))) => {
-                return Err(failed(format!("response larger than {max} bytes")));
-            }
-            // Cut short: nothing is recorded, and the call is made again under its key.
-            Err(EventStreamError::Transport(Cut::Transport(e))) => {
-                return Err(FunctionError::Unavailable(format!(
-                    "{url}: the streamed answer broke off after {chunks} chunks: {e}"
-                )));
-            }
-            Err(e) => return Err(failed(format!("a streamed answer that does not read: {e}"))),
+        // Cut short: nothing is recorded, and the call is made again under its key.
+        let Some(event) = events.next().await.map_err(|cut| cut.into_error(url))? else {
+            break;
         };
         if event.data.trim() == "[DONE]" {
             done = true;
@@ -515,7 +476,7 @@ mod tests {
         };
         let error = quiet.call(request).await.expect_err("cut");
         assert!(
-            matches!(&error, FunctionError::Unavailable(m) if m.contains("no chunk of the streamed answer within 200ms")),
+            matches!(&error, FunctionError::Unavailable(m) if m.contains("no chunk within 200ms")),
             "{error:?}"
         );
     }
