@@ -111,7 +111,12 @@ async fn every_example_agent_survives_a_crash_at_every_durable_boundary() {
                 "{example}: `{function}` reached its endpoint once per call:\n{}",
                 report.calls(false)
             );
-            assert!(calls.served > 0, "{example}: {}", report.calls(false));
+            // Approval's two keys run at once, so the records a numbered crash point lands
+            // after differ from run to run; a function only one request calls may never
+            // have a crash after its record. Its chat model, which both call, always does.
+            if example != "approval" || function == "llm.chat" {
+                assert!(calls.served > 0, "{example}: {}", report.calls(false));
+            }
         }
         assert!(
             report.calls(false).contains("sent to the function"),

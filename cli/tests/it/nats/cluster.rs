@@ -607,3 +607,78 @@ async fn a_host_that_disagrees_on_the_partitions_is_refused() {
         "the error names both counts and what to start with: {stderr}"
     );
 }
+
+/// A durable wait outlives the host it began on: inputs that charge, sleep 3 s and charge
+/// again are waiting on host A when it is killed; host B takes A's partitions over and
+/// each sleep ends there, once, after its time (the clock read before it and after it, both
+/// recorded), each charge made once and each output written once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_moves_to_the_host_that_takes_its_partition_over() {
+    let world = world(NatsServers::single().expect("nats-server starts")).await;
+    let (url, remote, dir) = (world.url.clone(), world.remote.clone(), world.dir.path());
+    let toml = std::fs::read_to_string(dir.join("agent.toml")).expect("agent.toml");
+    std::fs::write(
+        dir.join("agent.toml"),
+        format!("{toml}\n[functions.clock]\nkind = \"time\"\n"),
+    )
+    .expect("agent.toml");
+    let mut a = Host::start(dir, &url, "a", 1, 1_500);
+    a.joined().await;
+    let context = async_nats::jetstream::new(connect_nats(&url).await.expect("connects"));
+    // One per key: each the first of its key, so that all of them wait at once.
+    let inputs = KEYS;
+    for i in 0..inputs {
+        let payload = json!({ "calls": [
+            { "function": "charge", "args": { "input": i, "part": 1 } },
+            { "function": "clock", "args": {} },
+            { "sleep_ms": 3_000 },
+            { "function": "clock", "args": {} },
+            { "function": "charge", "args": { "input": i, "part": 2 } },
+        ] });
+        inputs::publish(
+            &context,
+            &layout(1),
+            "default",
+            "billing",
+            &format!("input-{i}"),
+            &format!("customer-{}", i % KEYS),
+            &payload.to_string(),
+        )
+        .await
+        .expect("publish");
+    }
+    // Every input made its first charge: each is at its sleep, or about to be.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while remote.total() < u64::from(inputs) {
+        assert!(Instant::now() < deadline, "the first charges:\n{}", a.log());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    a.kill();
+    let early = outputs(&url, 1).await;
+    assert!(
+        early.is_empty(),
+        "none finished on A: {early:?}\n{}",
+        a.log()
+    );
+    let b = Host::start(dir, &url, "b", 1, 1_500);
+    wait_for_outputs(&url, 1, inputs as usize, Duration::from_secs(60), &[&a, &b]).await;
+
+    let outputs = outputs(&url, 1).await;
+    let ids: BTreeSet<&str> = outputs.iter().map(|o| o.id.as_str()).collect();
+    assert_eq!(ids.len(), inputs as usize, "each output once: {outputs:?}");
+    for output in &outputs {
+        let payload: Value = serde_json::from_str(output.payload.get()).expect("JSON");
+        let results = &payload["results"];
+        let before = results[1]["ok"]["unix_ms"].as_u64().expect("a reading");
+        let after = results[3]["ok"]["unix_ms"].as_u64().expect("a reading");
+        assert!(after >= before + 3_000, "slept its time: {results}");
+        assert_eq!(results[2], json!({ "slept": true }), "{results}");
+    }
+    assert_eq!(remote.keys().len(), inputs as usize * 2, "each charge made");
+    assert_eq!(remote.repeats(), 0, "none twice");
+    assert!(
+        b.log().contains("partition taken"),
+        "B took the partitions over:\n{}",
+        b.log()
+    );
+}

@@ -1112,9 +1112,6 @@ impl TenantRuntime {
         Ok(self.keys.skip(&id, sequence, by, why).await?)
     }
 
-    /// Cancels `key`'s first unfinished input (`sequence`, when given, must be it): ended at
-    /// once when parked, else at its next durable call (which is not made); `by` and `why`
-    /// are recorded with it.
     /// Delivers `signal` to `key`'s input `sequence`, or to its first unfinished one
     /// (`Keys::signal`).
     pub async fn signal(
@@ -1128,6 +1125,9 @@ impl TenantRuntime {
         self.keys.signal(&key, sequence, signal).await
     }
 
+    /// Cancels `key`'s first unfinished input (`sequence`, when given, must be it): ended at
+    /// once when parked, else at its next durable call (which is not made); `by` and `why`
+    /// are recorded with it.
     pub async fn cancel(
         &self,
         agent: &str,
