@@ -312,6 +312,10 @@ struct KeyState<X> {
     /// unfinished input. The agent's index of signal ids is the durable copy, which a
     /// restart reads (`Agent::signal_sent`).
     signals: VecDeque<(String, u64)>,
+    /// Signals to the key are delivered one at a time (each reads an inbox and the key's
+    /// index of signal ids, then writes them whole); other keys' go on. Made at the key's
+    /// first signal.
+    signal_lock: Option<Arc<tokio::sync::Mutex<()>>>,
 }
 
 impl<X> Default for KeyState<X> {
@@ -330,6 +334,7 @@ impl<X> Default for KeyState<X> {
             woken: false,
             armed: None,
             signals: VecDeque::new(),
+            signal_lock: None,
         }
     }
 }
@@ -445,8 +450,6 @@ struct Shared<F: Front> {
     table: Mutex<Table<F::Key, F::Extra>>,
     /// A timer earlier than the ones the timer task sleeps toward was armed.
     timers_changed: Notify,
-    /// Signals are delivered one at a time: each is an inbox read, then written whole.
-    signals: tokio::sync::Mutex<()>,
     /// What the timers read the time from: the agents' clock.
     clock: Arc<dyn Clock>,
 }
@@ -557,7 +560,6 @@ impl<F: Front> Keys<F> {
                 timers: BTreeMap::new(),
             }),
             timers_changed: Notify::new(),
-            signals: tokio::sync::Mutex::new(()),
             clock,
         });
         let spawner = Arc::new(Spawner {

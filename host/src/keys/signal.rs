@@ -1,5 +1,7 @@
 //! Signals from outside, delivered to a key's input and waking it when it waits for one.
 
+use std::sync::Arc;
+
 use super::{Front, Head, Keys, wake};
 use crate::agent::SIGNAL_IDS_KEPT;
 use crate::agent::{Delivered, SignalError, SignalIn};
@@ -24,8 +26,8 @@ impl<F: Front> Keys<F> {
     ) -> Result<Delivered, SignalError> {
         let sequence = sequence_asked;
         signal.check()?;
-        let target = {
-            let table = self.shared.lock();
+        let (target, one_at_a_time) = {
+            let mut table = self.shared.lock();
             let state = table.keys.get(key);
             // Sent again, to the key: the input it went to the first time.
             let sent = (state.map(|state| &state.signals))
@@ -43,7 +45,7 @@ impl<F: Front> Keys<F> {
                 None => queue.and_then(|queue| queue.front()),
                 Some(n) => queue.and_then(|queue| queue.iter().find(|q| q.input.sequence == n)),
             };
-            match (found, sequence) {
+            let target = match (found, sequence) {
                 (Some(queued), _) => queued.clone(),
                 (None, None) => {
                     return Err(SignalError::NoInput {
@@ -60,7 +62,11 @@ impl<F: Front> Keys<F> {
                         sequence: n,
                     });
                 }
-            }
+            };
+            let lock = (table.keys.get_mut(key))
+                .map(|state| Arc::clone(state.signal_lock.get_or_insert_with(Default::default)))
+                .unwrap_or_default();
+            (target, lock)
         };
         let sequence = target.input.sequence;
         let agent = self
@@ -75,7 +81,7 @@ impl<F: Front> Keys<F> {
                 message: fault.to_string(),
             })?;
         let delivered = {
-            let _one_at_a_time = self.shared.signals.lock().await;
+            let _one_at_a_time = one_at_a_time.lock().await;
             // Sent again, to the key, before a restart: the input it went to then.
             let sent = agent.signal_sent(&target.input.key, &signal.id);
             if let Some(sent) = sent

@@ -58,6 +58,9 @@ pub struct Quotas {
     pub calls_per_minute: u32,
     /// Component uploads per minute: each is compiled and checked. Default 30.
     pub compiles_per_minute: u32,
+    /// Signals sent per minute, over all the tenant's keys (each rewrites an input's
+    /// inbox, and may wake a run). Default 600.
+    pub signals_per_minute: u32,
     /// Functions one agent may define. Default 32.
     pub functions_per_agent: u32,
     /// Versions of one agent kept loaded: older ones are let go, and loaded again only
@@ -90,6 +93,7 @@ impl Default for Quotas {
             queued_inputs: 10_000,
             calls_per_minute: 600,
             compiles_per_minute: 30,
+            signals_per_minute: 600,
             functions_per_agent: 32,
             agent_versions_loaded: 8,
             stored_bytes: 1 << 30,
@@ -221,6 +225,11 @@ impl PerMinute {
     /// Component compiles: `compiles-per-minute`.
     pub fn compiles(limit: u32) -> Self {
         Self::new("compiles-per-minute", "components compiled", limit)
+    }
+
+    /// Signals sent: `signals-per-minute`.
+    pub fn signals(limit: u32) -> Self {
+        Self::new("signals-per-minute", "signals sent", limit)
     }
 
     fn new(quota: &'static str, what: &'static str, limit: u32) -> Self {

@@ -234,3 +234,37 @@ async fn a_wait_outlives_a_restart_and_ends_once_after_its_time() {
     assert_eq!(statuses(&history), ["done"], "{history}");
     server.stop().await;
 }
+
+/// Signals count against the tenant's `signals-per-minute`: past it a signal is refused
+/// (429, naming the quota) and not delivered.
+#[tokio::test]
+async fn signals_past_the_tenants_quota_are_refused_naming_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = "[tenants.acme.quotas]\nsignals-per-minute = 2\n";
+    let server = Server::start(dir.path(), config).await;
+    let token = server.tenant("acme").await;
+    server
+        .deploy("acme", &token, "bot", "caller", AGENT_EXTRA)
+        .await;
+    let waits = json!({ "calls": [{ "await": ["reject"] }, { "await": ["reject"] }] });
+    let (status, body) = server.submit("acme", &token, "bot", "e1", "k", waits).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    until_waiting(&server, &token, "k").await;
+    for id in ["s1", "s2"] {
+        let (status, body) =
+            signal(&server, &token, "k", "approve", Some(json!({ "id": id }))).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+    }
+    let (status, body) = signal(&server, &token, "k", "reject", Some(json!({ "id": "s3" }))).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
+    assert!(
+        body.to_string().contains("signals-per-minute"),
+        "names the quota: {body}"
+    );
+    let (_, history) = server.history("acme", &token, "bot", "k").await;
+    assert_eq!(
+        statuses(&history).first().map(String::as_str),
+        Some("waiting"),
+        "the refused reject was not delivered: {history}"
+    );
+}

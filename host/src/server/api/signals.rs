@@ -60,6 +60,7 @@ pub(super) struct SignalSent {
         (status = 400, description = "`bad-signal`: not a valid body, payload or id", body = ErrorBody),
         (status = 409, description = "`no-unfinished-input`: the key has none; `input-finished`: it finished as the signal came; `inbox-full`: it holds 1000 signals", body = ErrorBody),
         (status = 413, description = "`too-large`: a body over 68 KiB", body = ErrorBody),
+        (status = 429, description = "Over the `signals-per-minute` quota", body = ErrorBody),
         (status = 503, description = "`unavailable`: the signal could not be recorded", body = ErrorBody),
         TenantErrors,
     ))]
@@ -82,6 +83,7 @@ pub(super) async fn signal_key(
         (status = 400, description = "`bad-signal`: not a valid body, payload or id", body = ErrorBody),
         (status = 409, description = "`input-finished`: the input is finished; `inbox-full`: it holds 1000 signals", body = ErrorBody),
         (status = 413, description = "`too-large`: a body over 68 KiB", body = ErrorBody),
+        (status = 429, description = "Over the `signals-per-minute` quota", body = ErrorBody),
         (status = 503, description = "`unavailable`: the signal could not be recorded", body = ErrorBody),
         TenantErrors,
     ))]
@@ -135,6 +137,7 @@ async fn send(
             .id
             .unwrap_or_else(|| format!("sig_{}", hex::encode(rand::random::<[u8; 12]>()))),
     };
+    runtime.take_signal()?;
     let delivered = {
         let signal = signal.clone();
         let (agent, key) = (agent.clone(), key.clone());

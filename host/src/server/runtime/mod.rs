@@ -380,6 +380,8 @@ pub struct TenantRuntime {
     keys: Keys<Tenant>,
     /// The tenant's `compiles-per-minute`.
     compiles: PerMinute,
+    /// The tenant's `signals-per-minute`.
+    signals: PerMinute,
     /// Where runs execute: threads of their own, so that guests busy with CPU do not delay
     /// the requests, journal writes and streams of the server's own runtime.
     compute: tokio::runtime::Handle,
@@ -466,6 +468,7 @@ impl TenantRuntime {
         });
         let runtime = Arc::new(Self {
             compiles: PerMinute::compiles(tenant.policy.quotas.compiles_per_minute),
+            signals: PerMinute::signals(tenant.policy.quotas.signals_per_minute),
             keys: Keys::on(Arc::clone(&tenant), compute.clone()),
             _snapshots: replay::Snapshots::start(Arc::clone(&tenant)),
             tenant,
@@ -615,6 +618,11 @@ impl TenantRuntime {
     /// Counts one upload against `compiles-per-minute`, or refuses it.
     pub fn take_compile(&self) -> Result<(), QuotaExceeded> {
         self.compiles.take_one()
+    }
+
+    /// Counts a signal sent against `signals-per-minute`; refused past it.
+    pub fn take_signal(&self) -> Result<(), QuotaExceeded> {
+        self.signals.take_one()
     }
 
     /// The runtime the tenant's guests run on, below the server's own threads.
