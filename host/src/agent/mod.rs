@@ -181,6 +181,11 @@ impl Agent {
         &self.tenant
     }
 
+    /// Runs its sandbox's instance pool holds at once.
+    pub fn instances(&self) -> usize {
+        self.sandbox.instances() as usize
+    }
+
     pub fn parallelism(&self) -> usize {
         self.parallelism
     }

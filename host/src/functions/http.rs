@@ -298,7 +298,14 @@ impl JsonPoster {
             }
             tracing::debug!(%url, attempt, ?wait, "trying again after {outcome:?}");
             match slot {
-                Some(slot) => slot.away(self.pause.pause(wait)).await,
+                Some(slot) => {
+                    if !slot.away(self.pause.pause(wait)).await {
+                        return Err(FunctionError::Unavailable(format!(
+                            "{method} {url}: the host is stopping; not tried again after \
+                             {attempt} attempts"
+                        )));
+                    }
+                }
                 None => self.pause.pause(wait).await,
             }
             attempt += 1;

@@ -143,16 +143,32 @@ impl McpFunction {
                 headers.push(("mcp-session-id".to_owned(), id.clone()));
             }
         }
+        // The call's own key for its tools/call; a key of its own for each other message,
+        // so that a gateway that honours the header does not take them for one request.
+        let key = match method {
+            "tools/call" => request.idempotency_key.to_owned(),
+            other => format!("{}/{other}", request.idempotency_key),
+        };
         let ask = Ask {
             method: reqwest::Method::POST,
             url: self.poster.url(),
             body: Some(message.to_string()),
-            idempotency_key: request.idempotency_key,
+            idempotency_key: &key,
             slot: request.slot,
             streams: true,
             headers: &headers,
         };
         let mut answer = self.poster.send(ask).await?;
+        // The server lost the session (restarted, or another replica answered): nothing is
+        // recorded, and the call is made again, in a new session.
+        if session.is_some_and(|s| s.id.is_some())
+            && answer.status == reqwest::StatusCode::NOT_FOUND
+        {
+            return Err(FunctionError::Unavailable(format!(
+                "{}: the server no longer knows the session ({method})",
+                self.poster.url()
+            )));
+        }
         let session_id = answer.header("mcp-session-id");
         let Some(id) = id else {
             // A notification: accepted, nothing to read.
@@ -200,7 +216,8 @@ impl McpFunction {
             let Ok(message) = serde_json::from_str::<Value>(&event.data) else {
                 continue;
             };
-            if message.get("id") == Some(&json!(id)) {
+            // Its response: our id, and not a request of the server's own.
+            if message.get("id") == Some(&json!(id)) && message.get("method").is_none() {
                 return Ok(message);
             }
         }
@@ -223,8 +240,11 @@ impl McpFunction {
             .to_owned();
         let session = Session { id, version };
         let initialized = "notifications/initialized";
-        self.send(request, Some(&session), None, initialized, json!({}))
-            .await?;
+        let sent = (self.send(request, Some(&session), None, initialized, json!({}))).await;
+        if let Err(error) = sent {
+            self.close(request, &session).await;
+            return Err(error);
+        }
         Ok(session)
     }
 
@@ -233,11 +253,12 @@ impl McpFunction {
     async fn close(&self, request: &CallRequest<'_>, session: &Session) {
         let Some(id) = &session.id else { return };
         let headers = [("mcp-session-id".to_owned(), id.clone())];
+        let key = format!("{}/close", request.idempotency_key);
         let ask = Ask {
             method: reqwest::Method::DELETE,
             url: self.poster.url(),
             body: None,
-            idempotency_key: request.idempotency_key,
+            idempotency_key: &key,
             slot: request.slot,
             streams: false,
             headers: &headers,

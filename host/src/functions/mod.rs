@@ -25,9 +25,14 @@ pub use openai::{OpenAiChatConfig, OpenAiChatFunction};
 /// attempts (a 429's `Retry-After`, a backoff), so that another input runs meanwhile.
 #[async_trait]
 pub trait RunSlot: Send + Sync {
-    /// Lets go of the run slot, waits for `wait`, then takes a slot again (waiting for one
-    /// to be free, as the run's start did).
-    async fn away<'a>(&'a self, wait: std::pin::Pin<Box<dyn Future<Output = ()> + Send + 'a>>);
+    /// Waits for `wait`, having let go of the run slot when the host allows (it bounds how
+    /// many runs are away at once: their instances stay alive), then takes a slot again
+    /// (waiting for one to be free, as the run's start did). `false`: no slot could be
+    /// taken again (the host is stopping); the call should end, unavailable.
+    async fn away<'a>(
+        &'a self,
+        wait: std::pin::Pin<Box<dyn Future<Output = ()> + Send + 'a>>,
+    ) -> bool;
 }
 
 impl fmt::Debug for dyn RunSlot + '_ {

@@ -195,6 +195,13 @@ pub trait Front: Send + Sync + 'static {
     fn deltas(&self) -> Option<Arc<dyn Deltas>> {
         None
     }
+
+    /// Leave for a run whose call waits between attempts to let its slot go meanwhile
+    /// (held until it has one again), or `None` (the default): it keeps its slot. A run
+    /// away keeps its instance alive, so the leaves bound how many are away at once.
+    fn leave(&self) -> Option<Box<dyn Send>> {
+        None
+    }
 }
 
 /// Where a key's first unfinished input stands.
@@ -1327,13 +1334,19 @@ impl<F: Front> Lent<F> {
 
 #[async_trait]
 impl<F: Front> RunSlot for Lent<F> {
-    async fn away<'a>(&'a self, wait: Pin<Box<dyn Future<Output = ()> + Send + 'a>>) {
+    async fn away<'a>(&'a self, wait: Pin<Box<dyn Future<Output = ()> + Send + 'a>>) -> bool {
+        let Some(leave) = self.front.leave() else {
+            wait.await;
+            return true;
+        };
         self.release();
         wait.await;
-        // None: the front end is stopping; the call goes on without one, and the run ends
-        // with the front end.
+        // None: the front end is stopping.
         let slot = self.front.slot(&self.key).await;
+        drop(leave);
+        let taken = slot.is_some();
         *self.slot.lock().unwrap_or_else(|p| p.into_inner()) = slot;
+        taken
     }
 }
 

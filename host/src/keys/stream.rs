@@ -257,9 +257,13 @@ pub async fn run_inputs<S: OutputSink>(
 ) -> std::io::Result<Summary> {
     let started = Instant::now();
     let (done, done_rx) = mpsc::unbounded_channel();
+    // Runs away between a call's attempts keep their instances: at most as many as run,
+    // and never more than the instance pool has room for beside those.
+    let away = (agent.parallelism()).min(agent.instances().saturating_sub(agent.parallelism()));
     let front = StreamFront {
         agent: Arc::clone(&agent),
         permits: Arc::new(Semaphore::new(agent.parallelism())),
+        away: Arc::new(Semaphore::new(away)),
         done,
         deltas: options.deltas.cloned(),
     };
@@ -421,6 +425,8 @@ struct StreamFront {
     permits: Arc<Semaphore>,
     done: mpsc::UnboundedSender<Done>,
     deltas: Option<Arc<dyn Deltas>>,
+    /// Leaves for runs away between a call's attempts ([`Front::leave`]).
+    away: Arc<Semaphore>,
 }
 
 #[async_trait]
@@ -435,6 +441,11 @@ impl Front for StreamFront {
 
     fn deltas(&self) -> Option<Arc<dyn Deltas>> {
         self.deltas.clone()
+    }
+
+    fn leave(&self) -> Option<Box<dyn Send>> {
+        let leave = Arc::clone(&self.away).try_acquire_owned().ok()?;
+        Some(Box::new(leave))
     }
 
     async fn agent(&self, _: &String, _: &Queued<()>) -> Result<Arc<Agent>, HostFault> {

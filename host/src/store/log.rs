@@ -458,7 +458,8 @@ impl LogStore {
                 let shard = self.shard(partition);
                 (shard.shelved.len, shard.shelved.min())
             };
-            if oldest.is_some_and(|oldest| end - oldest > SHELF_SLACK + live) {
+            // (A copy shelved since `end` was read may lie past it.)
+            if oldest.is_some_and(|oldest| end.saturating_sub(oldest) > SHELF_SLACK + live) {
                 self.move_shelf(shelf, partition).await?;
                 end = (shelf.bounds(partition).await)
                     .map_err(log_error("reading the shelf's end offsets"))?
