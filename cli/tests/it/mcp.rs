@@ -194,3 +194,61 @@ fn a_tool_call_across_a_crash_is_made_once() {
     assert_eq!(asked, &json!(2), "asked twice: {counts}");
     assert_eq!(outputs(dir.path()).len(), 1);
 }
+
+/// Under `rewind serve`, a tenant's `allow-mcp-tools` bounds its agents' MCP tools: an
+/// agent asking for a tool off it is refused when defined, naming the tool; one that names
+/// none gets the tenant's (`tools/list` shows only them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenants_allowed_tools_bound_its_agents() {
+    let server = tokio::task::spawn_blocking(|| McpServer::start(false))
+        .await
+        .expect("join");
+    let at = server
+        .url
+        .trim_start_matches("http://")
+        .trim_end_matches("/mcp");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = format!(
+        "[tenants.acme]\nallow-hosts = [\"{at}\"]\nallow-mcp-tools = [\"charge\", \"echo\"]\n"
+    );
+    let serve = crate::serve::Server::start(dir.path(), &config).await;
+    let token = serve.tenant("acme").await;
+    serve.upload("acme", &token, "worker", "caller").await;
+    let agent = |name: &str, tools: &str| {
+        crate::serve::agent(
+            name,
+            "worker",
+            &format!(
+                "[functions.tools]\nkind = \"mcp\"\nurl = \"{}\"\n{tools}",
+                server.url
+            ),
+        )
+    };
+    let (status, body) = serve
+        .define(
+            "acme",
+            &token,
+            &agent("greedy", "tools = [\"charge\", \"secret\"]\n"),
+        )
+        .await;
+    assert!(status.is_client_error(), "{status}: {body}");
+    assert!(
+        body.to_string()
+            .contains("tool `secret` is not among the MCP tools this tenant may call"),
+        "{body}"
+    );
+    let (status, body) = serve.define("acme", &token, &agent("bot", "")).await;
+    assert!(status.is_success(), "{status}: {body}");
+    let payload = json!({ "calls": [call("tools/list", json!({}))] });
+    let (status, body) = serve
+        .submit("acme", &token, "bot", "e1", "k", payload)
+        .await;
+    assert!(status.is_success(), "{status}: {body}");
+    let outputs = serve.wait_outputs("acme", &token, 1).await;
+    let listed: Vec<&str> = (outputs[0]["payload"]["results"][0]["ok"]["tools"].as_array())
+        .unwrap_or_else(|| panic!("a list: {outputs:?}"))
+        .iter()
+        .filter_map(|tool| tool["name"].as_str())
+        .collect();
+    assert_eq!(listed, ["charge", "echo"]);
+}

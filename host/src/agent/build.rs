@@ -1,6 +1,6 @@
 //! Loading an agent: its components into the sandbox, its functions from their config.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -98,6 +98,8 @@ pub struct AgentBuilder {
     clock: Arc<dyn Clock>,
     secrets: Secrets,
     allowed_hosts: Option<AllowedHosts>,
+    /// The MCP tools a tenant's agents may call (`allow-mcp-tools`); `None`: any.
+    allowed_tools: Option<BTreeSet<String>>,
     budget: Option<Arc<dyn CallBudget>>,
     script: Option<Script>,
 }
@@ -113,6 +115,7 @@ impl AgentBuilder {
             clock: Arc::new(SystemClock),
             secrets: Secrets::default(),
             allowed_hosts: None,
+            allowed_tools: None,
             budget: None,
             script: None,
         }
@@ -134,6 +137,13 @@ impl AgentBuilder {
     /// Only these hosts may be reached by the agent's functions: a function whose URL is
     /// elsewhere is an error at [`build`](Self::build), and a redirect elsewhere fails the
     /// call. Default: any host.
+    /// Only these MCP tools may be called or listed (a tenant's `allow-mcp-tools`): an `mcp`
+    /// function's `tools` must be among them, and one without `tools` gets them.
+    pub fn allowed_tools(mut self, tools: Option<BTreeSet<String>>) -> Self {
+        self.allowed_tools = tools;
+        self
+    }
+
     pub fn allowed_hosts(mut self, hosts: AllowedHosts) -> Self {
         self.allowed_hosts = Some(hosts);
         self
@@ -233,7 +243,7 @@ impl AgentBuilder {
                     function,
                     &self.clock,
                     &self.secrets,
-                    self.allowed_hosts.as_ref(),
+                    (self.allowed_hosts.as_ref(), self.allowed_tools.as_ref()),
                 )
                 .map_err(fail)?,
             };
@@ -302,7 +312,7 @@ fn build_function(
     config: &FunctionConfig,
     clock: &Arc<dyn Clock>,
     secrets: &Secrets,
-    allowed_hosts: Option<&AllowedHosts>,
+    (allowed_hosts, allowed_tools): (Option<&AllowedHosts>, Option<&BTreeSet<String>>),
 ) -> Result<Arc<dyn Function>, String> {
     if let Some(hosts) = allowed_hosts {
         for url in [&config.url, &config.base_url, &config.reconcile_url]
@@ -362,9 +372,23 @@ fn build_function(
         }
         FunctionKind::Mcp => {
             let url = config.url.clone().unwrap_or_default();
+            let tools = match (&config.tools, allowed_tools) {
+                (Some(tools), Some(allowed)) => {
+                    if let Some(tool) = tools.iter().find(|tool| !allowed.contains(*tool)) {
+                        return Err(format!(
+                            "tool `{tool}` is not among the MCP tools this tenant may call \
+                             ({})",
+                            allowed.iter().cloned().collect::<Vec<_>>().join(", ")
+                        ));
+                    }
+                    Some(tools.iter().cloned().collect())
+                }
+                (Some(tools), None) => Some(tools.iter().cloned().collect()),
+                (None, allowed) => allowed.cloned(),
+            };
             Arc::new(McpFunction::new(McpConfig {
                 http: http(url, DEFAULT_HTTP_TIMEOUT_MS)?,
-                tools: (config.tools.clone()).map(|tools| tools.into_iter().collect()),
+                tools,
             }))
         }
         FunctionKind::Time => Arc::new(TimeFunction::new(Arc::clone(clock))),

@@ -183,6 +183,7 @@ impl Builder {
                     values: Arc::clone(&self.policy.secrets),
                 })
                 .allowed_hosts(self.policy.allowed_hosts.clone())
+                .allowed_tools(self.policy.mcp_tools.clone())
                 .call_budget(Arc::clone(&self.budget))
                 .build()
                 .map_err(|e| DefineError::Build(e.to_string()))

@@ -73,6 +73,9 @@ pub struct TenantConfig {
     /// Hosts the tenant's functions may reach: `host` (any port) or `host:port`.
     #[serde(default)]
     pub allow_hosts: Vec<String>,
+    /// The MCP tools the tenant's agents may call and list, by name; any when absent.
+    #[serde(default)]
+    pub allow_mcp_tools: Option<Vec<String>>,
     /// Secrets the tenant's agent.toml may name (in `secret-headers` and `api-key-env`);
     /// their values stay in the host.
     #[serde(default)]
@@ -96,6 +99,8 @@ pub struct SecretSource {
 pub struct TenantPolicy {
     pub quotas: Quotas,
     pub allowed_hosts: AllowedHosts,
+    /// `allow-mcp-tools`: the MCP tools its agents may call; `None`: any.
+    pub mcp_tools: Option<std::collections::BTreeSet<String>>,
     pub secrets: Arc<BTreeMap<String, String>>,
 }
 
@@ -260,6 +265,7 @@ impl ServerConfig {
         Ok(TenantPolicy {
             quotas: quotas_of(&self.quotas, &section.quotas).map_err(error)?,
             allowed_hosts: AllowedHosts::new(&section.allow_hosts).map_err(error)?,
+            mcp_tools: (section.allow_mcp_tools.clone()).map(|tools| tools.into_iter().collect()),
             secrets: Arc::new(secrets),
         })
     }
