@@ -25,8 +25,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::Semaphore;
-
 use crate::sandbox::Sandbox;
 use crate::state_dir::{StateDir, StateDirError};
 
@@ -34,7 +32,7 @@ pub use api::{openapi, router};
 pub use config::TlsConfig;
 pub use config::{AdminToken, ConfigError, SecretSource, ServerConfig, TenantConfig, TenantPolicy};
 pub use quota::{QuotaExceeded, Quotas};
-pub use runtime::{Lifecycle, OpenError, TenantRuntime};
+pub use runtime::{HostRuns, Lifecycle, OpenError, TenantRuntime};
 pub use tenants::{TenantError, Tenants};
 pub use tls::TlsError;
 
@@ -128,7 +126,9 @@ pub struct ServerState {
     compiles: compile::CompileSlots,
     runtimes: tokio::sync::Mutex<HashMap<String, Arc<TenantRuntime>>>,
     /// One permit per sandbox instance: runs of every tenant take one.
-    host_runs: Arc<Semaphore>,
+    /// The host's instance pool, shared by every tenant: runs, and runs away between a
+    /// call's attempts (their instances alive, their run slots let go).
+    host_runs: HostRuns,
     compute: Compute,
     lifecycle: Arc<Lifecycle>,
     /// Completes TLS handshakes, when `[tls]` is set.
@@ -165,7 +165,7 @@ impl ServerState {
             max_component_bytes: usize::try_from(u64::from(config.max_component_mib) << 20)
                 .unwrap_or(usize::MAX),
             compiles: compile::CompileSlots::new(config.compile_slots, config.compile_queue),
-            host_runs: Arc::new(Semaphore::new(sandbox.instances() as usize)),
+            host_runs: HostRuns::of(sandbox.instances() as usize),
             compute: Compute::new()?,
             tenants,
             sandbox,
@@ -193,7 +193,7 @@ impl ServerState {
             self.tenant_dir(tenant),
             policy,
             Arc::clone(&self.sandbox),
-            Arc::clone(&self.host_runs),
+            self.host_runs.clone(),
             self.compute.handle(),
             Arc::clone(&self.lifecycle),
         )

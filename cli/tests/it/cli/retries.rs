@@ -61,3 +61,44 @@ async fn a_call_waiting_between_attempts_holds_no_run_slot() {
         "{counts:?}"
     );
 }
+
+/// The same under `rewind serve`: with the agent's `parallelism = 1`, the input of another
+/// key finishes while a throttled call waits between its attempts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_serve_a_call_waiting_between_attempts_holds_no_run_slot() {
+    use rewind_mock::{MockService, THROTTLE_HEADER, THROTTLE_RETRY_AFTER_HEADER};
+
+    let mock = MockService::start("127.0.0.1:0".parse().expect("addr"))
+        .await
+        .expect("the mock starts");
+    let at = mock.base_url().trim_start_matches("http://").to_owned();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = format!("[tenants.acme]\nallow-hosts = [\"{at}\"]\n");
+    let server = crate::serve::Server::start(dir.path(), &config).await;
+    let token = server.tenant("acme").await;
+    let functions = format!(
+        "[functions.slow]\nkind = \"http\"\nurl = \"{base}/tools/slow\"\nheaders = {{ \
+         \"{THROTTLE_HEADER}\" = \"2\", \"{THROTTLE_RETRY_AFTER_HEADER}\" = \"1\" }}\n\
+         [functions.fast]\nkind = \"http\"\nurl = \"{base}/tools/fast\"\n",
+        base = mock.base_url(),
+    );
+    server.upload("acme", &token, "worker", "caller").await;
+    let toml = crate::serve::agent("slots", "worker", &functions)
+        .replace("name = \"slots\"\n", "name = \"slots\"\nparallelism = 1\n");
+    let (status, body) = server.define("acme", &token, &toml).await;
+    assert!(status.is_success(), "{status}: {body}");
+    let call = |function: &str| json!({ "calls": [{ "function": function, "args": {} }] });
+    for (id, key, function) in [("e1", "a", "slow"), ("e2", "b", "fast")] {
+        let (status, body) = server
+            .submit("acme", &token, "slots", id, key, call(function))
+            .await;
+        assert!(status.is_success(), "{status}: {body}");
+    }
+    let outputs = server.wait_outputs("acme", &token, 2).await;
+    let keys: Vec<&str> = (outputs.iter())
+        .map(|output| output["key"].as_str().expect("a key"))
+        .collect();
+    assert_eq!(keys, ["b", "a"], "in the order written: {outputs:?}");
+    let counts = mock.counts();
+    assert_eq!(counts.for_route("/tools/slow"), 3, "{counts:?}");
+}

@@ -141,6 +141,8 @@ pub(super) struct Tenant {
     pub agent_runs: Mutex<HashMap<String, (u32, Arc<Semaphore>)>>,
     /// The host's sandbox instances, shared by every tenant.
     pub host_runs: Arc<Semaphore>,
+    /// Leaves for runs away between a call's attempts: the rest of the host's pool.
+    pub host_away: Arc<Semaphore>,
     pub lifecycle: Arc<Lifecycle>,
     pub agents: RwLock<BTreeMap<String, Versions>>,
     pub ledger: Mutex<Ledger>,
@@ -179,6 +181,15 @@ pub struct RunSlot {
 impl Drop for RunSlot {
     fn drop(&mut self) {
         self.lifecycle.finished();
+    }
+}
+
+/// A run away between a call's attempts, among those a stopping server waits for.
+struct Running(Arc<Lifecycle>);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.0.finished();
     }
 }
 
@@ -432,6 +443,18 @@ impl Front for Tenant {
     type Key = AgentKey;
     type Extra = Entry;
     type Slot = RunSlot;
+
+    /// From the host's pool of runs away, while the server is not stopping; the leave
+    /// counts as running, so that a stopping server waits for the run as it would have.
+    fn leave(&self) -> Option<Box<dyn Send>> {
+        if self.lifecycle.stopping() {
+            return None;
+        }
+        let permit = Arc::clone(&self.host_away).try_acquire_owned().ok()?;
+        self.lifecycle.started();
+        let running = Running(Arc::clone(&self.lifecycle));
+        Some(Box::new((permit, running)))
+    }
 
     /// Only while someone follows the outputs: otherwise a delta would go nowhere.
     fn deltas(&self) -> Option<Arc<dyn Deltas>> {

@@ -64,6 +64,28 @@ pub enum OpenError {
     },
 }
 
+/// The host's instance pool, shared by every tenant's runs: `running` permits for runs,
+/// `away` ones for runs whose call waits between attempts with their slot let go (their
+/// instances stay alive, so the two together never pass the pool). A run takes leave with
+/// `try_acquire` only, and never waits for one: holding it while it waits for a slot again
+/// cannot close a cycle.
+#[derive(Clone, Debug)]
+pub struct HostRuns {
+    pub running: Arc<Semaphore>,
+    pub away: Arc<Semaphore>,
+}
+
+impl HostRuns {
+    /// A pool of `instances`: an eighth of it for runs away (none below eight instances).
+    pub fn of(instances: usize) -> Self {
+        let away = instances / 8;
+        Self {
+            running: Arc::new(Semaphore::new(instances - away)),
+            away: Arc::new(Semaphore::new(away)),
+        }
+    }
+}
+
 /// Why a submission was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum SubmitError {
@@ -398,7 +420,7 @@ impl TenantRuntime {
         dir: PathBuf,
         policy: TenantPolicy,
         sandbox: Arc<Sandbox>,
-        host_runs: Arc<Semaphore>,
+        host_runs: HostRuns,
         compute: tokio::runtime::Handle,
         lifecycle: Arc<Lifecycle>,
     ) -> Result<Arc<Self>, OpenError> {
@@ -457,7 +479,8 @@ impl TenantRuntime {
             broken: AtomicBool::new(false),
             budget,
             builder,
-            host_runs,
+            host_runs: host_runs.running,
+            host_away: host_runs.away,
             lifecycle,
             agents: RwLock::new(agents),
             ledger: Mutex::new(Ledger::default()),
