@@ -29,9 +29,20 @@ async fn main() -> anyhow::Result<()> {
         .init();
     let args = Args::parse();
 
-    let mock = MockService::start(args.addr)
-        .await
-        .with_context(|| format!("cannot listen on {}", args.addr))?;
+    let mock = match MockService::start(args.addr).await {
+        Ok(mock) => mock,
+        Err(error) if error.kind() == std::io::ErrorKind::AddrInUse => {
+            anyhow::bail!(
+                "cannot listen on {}: the port is taken (another rewind-mock, or another \
+                 program, listens there); stop it, or pass --addr with another port \
+                 (127.0.0.1:0 picks a free one, and the URL is printed)",
+                args.addr
+            );
+        }
+        Err(error) => {
+            return Err(error).with_context(|| format!("cannot listen on {}", args.addr));
+        }
+    };
     // Listen for signals before saying we are up: a script that sends SIGTERM right after
     // the line must get a clean shutdown, not the default action of the signal.
     let signal = shutdown_signal().context("cannot listen for shutdown signals")?;

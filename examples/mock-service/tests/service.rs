@@ -538,3 +538,24 @@ async fn a_call_asking_for_a_delay_is_answered_that_late() {
     assert_eq!(response.status(), StatusCode::OK);
     assert!(started.elapsed() >= std::time::Duration::from_millis(300));
 }
+
+/// A port another program holds: the binary says so, and what to do.
+#[cfg(unix)]
+#[test]
+fn binary_says_when_its_port_is_taken() {
+    use std::process::Command;
+
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("a port");
+    let addr = taken.local_addr().expect("its address").to_string();
+    let output = Command::new(env!("CARGO_BIN_EXE_rewind-mock"))
+        .args(["--addr", &addr])
+        .output()
+        .expect("binary runs");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains(&format!("cannot listen on {addr}: the port is taken"))
+            && stderr.contains("--addr"),
+        "{stderr}"
+    );
+}
