@@ -335,18 +335,25 @@ impl DurableCalls {
         args: &str,
     ) -> Result<Result<String, CallError>, Fault> {
         let answer = self.make_call(function, args).await?;
-        let made = (self.state.calls.iter().take(self.next))
-            .filter(|record| !is_wait(&record.function))
-            .count();
-        self.scripted(Reached::Call(u32::try_from(made).unwrap_or(u32::MAX)))
-            .await?;
+        self.scripted(self.next, false).await?;
         Ok(answer)
     }
 
-    /// Delivers what a test's script holds for `point`, if a script is given.
-    async fn scripted(&self, point: Reached) -> Result<(), Fault> {
+    /// Delivers what a test's script holds where the run stands: after its last call
+    /// (counted over its records before `upto`), or with `wait` at the wait at `upto`.
+    /// Without a script, nothing is counted: a durable call pays for none of this.
+    async fn scripted(&self, upto: usize, wait: bool) -> Result<(), Fault> {
         let Some(script) = &self.policy.script else {
             return Ok(());
+        };
+        let before = (self.state.calls.iter().take(upto))
+            .filter(|record| is_wait(&record.function) == wait)
+            .count();
+        let n = |count: usize| u32::try_from(count).unwrap_or(u32::MAX);
+        let point = if wait {
+            Reached::Wait(n(before + 1))
+        } else {
+            Reached::Call(n(before))
         };
         (script.reached(&self.state.key, point).await).map_err(Fault::Script)
     }
@@ -680,11 +687,7 @@ impl DurableCalls {
                     .await?;
             }
         }
-        let waits = (self.state.calls.iter().take(index))
-            .filter(|record| is_wait(&record.function))
-            .count();
-        self.scripted(Reached::Wait(u32::try_from(waits + 1).unwrap_or(u32::MAX)))
-            .await?;
+        self.scripted(index, true).await?;
         let now = self.policy.now_ms();
         let first = recorded.is_none();
         let wait = recorded.unwrap_or_else(|| what.wait(now));

@@ -224,24 +224,34 @@ async fn publish(url: String, replicas: usize, range: std::ops::Range<u32>, ever
             { "function": "charge", "args": { "input": i, "part": 1 } },
             { "function": "charge", "args": { "input": i, "part": 2 } },
         ], "memory_set": { "last": i }, "memory_get": ["last"] });
-        // Retried, with the same id, across a restart or an election.
-        let mut attempt = 0;
-        while let Err(e) = inputs::publish(
-            &context,
-            &layout,
-            "default",
-            "billing",
-            &format!("input-{i}"),
-            &format!("customer-{}", i % KEYS),
-            &payload.to_string(),
-        )
-        .await
-        {
-            attempt += 1;
-            assert!(attempt < 100, "publishing input {i}: {e}");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        publish_one(&context, &layout, i, &payload).await;
         tokio::time::sleep(every).await;
+    }
+}
+
+/// Publishes input `i` (key `customer-{i % KEYS}`) with `payload`: retried, with the same
+/// id, across a restart or an election.
+async fn publish_one(
+    context: &async_nats::jetstream::Context,
+    layout: &Layout,
+    i: u32,
+    payload: &Value,
+) {
+    let mut attempt = 0;
+    while let Err(e) = inputs::publish(
+        context,
+        layout,
+        "default",
+        "billing",
+        &format!("input-{i}"),
+        &format!("customer-{}", i % KEYS),
+        &payload.to_string(),
+    )
+    .await
+    {
+        attempt += 1;
+        assert!(attempt < 100, "publishing input {i}: {e}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
@@ -635,17 +645,7 @@ async fn a_wait_moves_to_the_host_that_takes_its_partition_over() {
             { "function": "clock", "args": {} },
             { "function": "charge", "args": { "input": i, "part": 2 } },
         ] });
-        inputs::publish(
-            &context,
-            &layout(1),
-            "default",
-            "billing",
-            &format!("input-{i}"),
-            &format!("customer-{}", i % KEYS),
-            &payload.to_string(),
-        )
-        .await
-        .expect("publish");
+        publish_one(&context, &layout(1), i, &payload).await;
     }
     // Every input made its first charge: each is at its sleep, or about to be.
     let deadline = Instant::now() + Duration::from_secs(30);
