@@ -1,23 +1,18 @@
 #!/usr/bin/env bash
 # Builds every guest component (tests/guests/ and examples/*/actions/) into
-# target/guests/wasm32-wasip2/release/: the Rust ones with cargo for wasm32-wasip2 (the
-# target is installed when missing), the Python and JavaScript ones with scripts/polyglot.sh;
-# and installs the MCP test server's Python SDK.
+# target/guests/wasm32-wasip2/release/ with `rewind build`, one agent at a time: Rust ones
+# with cargo for wasm32-wasip2, Python ones with componentize-py, JavaScript ones with
+# esbuild and componentize-js (the target and the tools are installed when missing; a
+# component is rebuilt only when what goes into it changed). Then installs the MCP test
+# server's Python SDK.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if ! rustup target list --installed | grep -qx wasm32-wasip2; then
-    rustup target add wasm32-wasip2
-fi
-
-packages=()
-for manifest in tests/guests/*/Cargo.toml examples/*/actions/*/Cargo.toml; do
-    [[ -f $manifest ]] || continue
-    name=$(sed -n 's/^name = "\(.*\)"$/\1/p' "$manifest" | head -n 1)
-    packages+=(-p "$name")
+cargo build --quiet -p rewind
+export CARGO_TARGET_DIR=target/guests
+for agent in tests/guests/agent.toml examples/*/agent.toml; do
+    target/debug/rewind build "$agent"
 done
-cargo build --quiet --release --target wasm32-wasip2 --target-dir target/guests "${packages[@]}"
-scripts/polyglot.sh
 
 # The test tooling's Model Context Protocol server (tests/mcp/server.py) runs on the
 # reference Python SDK, pinned in tests/mcp/requirements.txt, installed into .venv.

@@ -15,8 +15,8 @@
 //       ctx.output(order);
 //     });
 //
-// `scripts/guests.sh` builds it (build.mjs: esbuild bundles it with this module, then
-// componentize-js makes the component of world `action` of `wit/`, without wasi:http).
+// `rewind build` builds it: esbuild bundles it with this module, then componentize-js makes
+// the component of world `action` (without wasi:http). Types are in rewind.d.ts.
 
 import {
   call as durableCall,
@@ -265,15 +265,6 @@ export class Context {
   }
 }
 
-/**
- * The component's `run` export for `handler(ctx, event)`: `export const run = action(...)`.
- *
- * Returning completes the run: the events it sent and the memory it set are applied.
- * Throwing fails it: its sends and memory writes are dropped and the error's text is
- * reported by the host (a RewindError's message as is, any other error with its name and
- * its stack, at most 16 frames).
- * Durable calls it made stay recorded.
- */
 /** Stack frames of an error kept in the run's error, innermost first. */
 const STACK_FRAMES = 16;
 
@@ -291,6 +282,15 @@ function described(error) {
   return [head, ...kept].join('\n');
 }
 
+/**
+ * The component's `run` export for `handler(ctx, event)`: `export const run = action(...)`.
+ *
+ * Returning completes the run: the events it sent and the memory it set are applied.
+ * Throwing fails it: its sends and memory writes are dropped and the error's text is
+ * reported by the host (a RewindError's message as is, any other error with its name and
+ * its stack, at most 16 frames).
+ * Durable calls it made stay recorded.
+ */
 export function action(handler) {
   if (typeof handler !== 'function') {
     throw new TypeError('action() takes a function (ctx, event) => void');

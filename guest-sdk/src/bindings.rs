@@ -6,7 +6,7 @@
 //! it by path.
 
 wit_bindgen::generate!({
-    path: "../wit",
+    path: "wit",
     world: "action",
     pub_export_macro: true,
     export_macro_name: "export",

@@ -1,11 +1,14 @@
 //! The command line.
 
+mod build;
 mod check;
 #[cfg(feature = "jetstream")]
 mod cluster;
 mod inspect;
+mod new;
 mod operator;
 mod run;
+mod sdk;
 #[cfg(feature = "server")]
 mod serve;
 mod state;
@@ -39,6 +42,10 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Make a new agent, or add an action to one, in Rust, Python or JavaScript.
+    New(new::NewArgs),
+    /// Build an agent's actions into their components, whatever their language.
+    Build(build::BuildArgs),
     /// Run an agent over a JSONL file of inputs.
     Run(run::RunArgs),
     /// Check whether a component fits the rewind:action world.
@@ -141,7 +148,9 @@ pub fn test_hooks(cli: &Cli) -> anyhow::Result<Option<OsString>> {
         Command::Serve(_) => Some("rewind serve"),
         #[cfg(feature = "jetstream")]
         Command::Cluster(_) => Some("rewind cluster"),
-        Command::Check(_)
+        Command::New(_)
+        | Command::Build(_)
+        | Command::Check(_)
         | Command::Inspect(_)
         | Command::Retry(_)
         | Command::Skip(_)
@@ -185,6 +194,8 @@ pub async fn main(cli: Cli) -> anyhow::Result<ExitCode> {
         builder.build()
     };
     match cli.command {
+        Command::New(args) => new::new(args),
+        Command::Build(args) => build::build(args, cli.cache_dir.clone()),
         Command::Run(args) => run::run(args, sandbox()?).await,
         Command::Check(args) => check::check(args, sandbox()?),
         Command::Inspect(args) => inspect::inspect(args).await,

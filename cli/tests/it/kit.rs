@@ -7,7 +7,7 @@ use rewind_host::crash::CrashPoint;
 use rewind_host::kit::{CrashAt, Kit, Outcome, Report, Script};
 use serde_json::json;
 
-use crate::support::{guest, polyglot_guests, workspace_root};
+use crate::support::{guest, workspace_root};
 
 fn kit(agent: PathBuf, input: PathBuf, work: &str) -> Kit {
     Kit {
@@ -52,7 +52,6 @@ fn assert_passed(report: &Report, kinds: &[CrashPoint]) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_example_agent_survives_a_crash_at_every_durable_boundary() {
     guest("caller");
-    polyglot_guests();
     let mock = rewind_mock::MockService::start("127.0.0.1:0".parse().expect("addr"))
         .await
         .expect("mock");

@@ -5,8 +5,7 @@
 use serde_json::json;
 
 use crate::support::{
-    Counting, agent_toml, agent_with, first_output, input, memory_store, polyglot_guests,
-    workspace_root,
+    Counting, agent_toml, agent_with, first_output, input, memory_store, workspace_root,
 };
 
 in_every_language!(
@@ -128,7 +127,6 @@ async fn a_failed_call_reaches_the_action_as_a_call_failure(caller: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_agent_runs_rust_python_and_javascript_actions_in_one_pipeline() {
     crate::support::guest("caller");
-    polyglot_guests();
     let mock = rewind_mock::MockService::start("127.0.0.1:0".parse().expect("addr"))
         .await
         .expect("mock");

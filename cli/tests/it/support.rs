@@ -12,21 +12,6 @@ use rewind_host::functions::{CallRequest, Function, FunctionError};
 use rewind_host::sandbox::Sandbox;
 use rewind_host::store::{ActionStateStore, InMemoryStore};
 
-/// The guests the tests run, built once per test binary: tests/guests/ and the examples.
-const GUESTS: [&str; 11] = [
-    "guest-caller",
-    "guest-hostile",
-    "guest-noop",
-    "support-triage",
-    "support-lookup",
-    "enrichment-intake",
-    "enrichment-crm",
-    "enrichment-company",
-    "enrichment-person",
-    "enrichment-score",
-    "polyglot-intake",
-];
-
 pub fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
@@ -37,10 +22,7 @@ pub fn workspace_root() -> PathBuf {
 /// Path of the component of test guest `name`, building the guests first: "caller" is
 /// tests/guests/caller (Rust), "caller_py" and "caller_js" its Python and JavaScript twins.
 pub fn guest(name: &str) -> PathBuf {
-    if name.ends_with("_py") || name.ends_with("_js") {
-        polyglot_guests();
-    }
-    rust_guests().join(format!("guest_{name}.wasm"))
+    guests().join(format!("guest_{name}.wasm"))
 }
 
 /// Runs each named test (an `async fn(caller: &str)`) once per guest language, against the
@@ -68,45 +50,31 @@ macro_rules! in_every_language {
     };
 }
 
-/// Builds the Python and JavaScript guests (tests/guests/ and the examples) once per test
-/// binary, with the project's own script; it installs the toolchains when missing.
-pub fn polyglot_guests() {
-    static BUILT: OnceLock<()> = OnceLock::new();
-    BUILT.get_or_init(|| {
-        let status = Command::new("bash")
-            .arg(workspace_root().join("scripts").join("polyglot.sh"))
-            .status()
-            .expect("bash runs");
-        assert!(
-            status.success(),
-            "building the Python and JavaScript guests failed (scripts/polyglot.sh)"
-        );
-    });
-}
-
-/// Builds the Rust guests once per test binary; the directory their components are in.
-fn rust_guests() -> &'static Path {
+/// Builds every guest (tests/guests/ and the examples' actions, in all three languages)
+/// once per test binary, as scripts/guests.sh does: `rewind build` of each agent, Rust into
+/// target/guests; the directory their components are in.
+fn guests() -> &'static Path {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
     BUILT.get_or_init(|| {
         let root = workspace_root();
         let target = root.join("target").join("guests");
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
-        let mut command = Command::new(cargo);
-        command
-            .current_dir(&root)
-            .args([
-                "build",
-                "--release",
-                "--target",
-                "wasm32-wasip2",
-                "--target-dir",
-            ])
-            .arg(&target);
-        for package in GUESTS {
-            command.args(["-p", package]);
+        let mut agents = vec![root.join("tests/guests/agent.toml")];
+        let examples = std::fs::read_dir(root.join("examples")).expect("examples/");
+        let mut examples: Vec<PathBuf> = examples
+            .map(|entry| entry.expect("an entry").path().join("agent.toml"))
+            .filter(|agent| agent.is_file())
+            .collect();
+        examples.sort();
+        agents.extend(examples);
+        for agent in agents {
+            let status = Command::new(env!("CARGO_BIN_EXE_rewind"))
+                .arg("build")
+                .arg(&agent)
+                .env("CARGO_TARGET_DIR", &target)
+                .status()
+                .expect("rewind runs");
+            assert!(status.success(), "building {} failed", agent.display());
         }
-        let status = command.status().expect("cargo runs");
-        assert!(status.success(), "building the test guests failed");
         target.join("wasm32-wasip2").join("release")
     })
 }

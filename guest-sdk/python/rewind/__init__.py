@@ -20,8 +20,13 @@ Subclass ``Action`` and export it as the component's world::
 
     WitWorld = rewind.export(Status)
 
-Build it with ``scripts/guests.sh`` (componentize-py, world ``action`` of ``wit/``); the
-``.wasm`` it writes is the component to name in ``agent.toml``.
+Build it with ``rewind build``: the action's ``requirements.txt`` (this package among
+them) is installed into a directory of its own, then componentize-py makes the component of
+world ``action``, whose WIT this package carries (``rewind/wit``, named by
+``rewind/componentize-py.toml``, so componentize-py finds it once the package is installed).
+
+``Context.key`` and ``Context.sequence`` are properties here, as in JavaScript
+(``ctx.key``); in Rust they are methods (``ctx.key()``).
 """
 
 import datetime

@@ -392,7 +392,9 @@ fn build_function(
             }))
         }
         FunctionKind::Time => Arc::new(TimeFunction::new(Arc::clone(clock))),
-        FunctionKind::Random => Arc::new(RandomFunction),
+        FunctionKind::Random => Arc::new(RandomFunction::new(
+            crate::durable::seeded().map(|s| s.seed),
+        )),
         FunctionKind::Custom => {
             return Err("kind \"custom\" needs a handler from the embedding program".to_owned());
         }

@@ -143,6 +143,10 @@ pub struct ActionConfig {
     /// declares is refused when it is sent.
     #[serde(default)]
     pub signals: Vec<String>,
+    /// Where its source is, relative to `agent.toml` (default `actions/NAME`): what
+    /// `rewind build` builds `component` from. Running the agent does not read it.
+    #[serde(default)]
+    pub source: Option<PathBuf>,
 }
 
 /// What a function is.

@@ -93,6 +93,11 @@ pub fn seed(seeded: Seeded) -> bool {
     SEEDED.set(seeded).is_ok()
 }
 
+/// What this process was [`seed`]ed with, if it was.
+pub fn seeded() -> Option<Seeded> {
+    SEEDED.get().copied()
+}
+
 /// Seeds this process from [`SEED_ENV`] when it is set; what was seeded.
 pub fn seed_from_env() -> Result<Option<Seeded>, String> {
     let Ok(text) = std::env::var(SEED_ENV) else {

@@ -9,7 +9,7 @@ pub mod digest;
 mod resolve;
 mod wait;
 
-pub use ambient::{AmbientSource, RandomStream, SEED_ENV, Seeded, seed, seed_from_env};
+pub use ambient::{AmbientSource, RandomStream, SEED_ENV, Seeded, seed, seed_from_env, seeded};
 
 pub use call::{
     CallBudget, CallError, CallPolicy, CallStats, CallsByFunction, DivergencePolicy, DurableCalls,

@@ -96,15 +96,44 @@ impl Function for TimeFunction {
 }
 
 /// `kind = "random"`: returns `{"u64": <a random integer>, "hex": <16 random bytes as hex>}`.
+///
+/// Seeded (the crash-injection kit's runs), the answer is a function of the seed and the
+/// call's idempotency key, so that every run of the same inputs draws the same values and
+/// their outputs can be compared.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct RandomFunction;
+pub struct RandomFunction {
+    seed: Option<u64>,
+}
+
+impl RandomFunction {
+    /// Draws from the host's generator, or, with `seed`, from one keyed by the seed and
+    /// the call's idempotency key.
+    pub fn new(seed: Option<u64>) -> Self {
+        Self { seed }
+    }
+}
 
 #[async_trait]
 impl Function for RandomFunction {
-    async fn call(&self, _request: CallRequest<'_>) -> Result<String, FunctionError> {
-        let mut rng = rand::rng();
-        let mut bytes = [0u8; 16];
-        rng.fill_bytes(&mut bytes);
-        Ok(serde_json::json!({ "u64": rng.next_u64(), "hex": hex::encode(bytes) }).to_string())
+    async fn call(&self, request: CallRequest<'_>) -> Result<String, FunctionError> {
+        Ok(match self.seed {
+            None => draw(&mut rand::rng()),
+            Some(seed) => {
+                use rand::SeedableRng as _;
+                use sha2::Digest as _;
+                let digest = sha2::Sha256::new()
+                    .chain_update(seed.to_le_bytes())
+                    .chain_update(request.idempotency_key.as_bytes())
+                    .finalize();
+                draw(&mut rand::rngs::StdRng::from_seed(digest.into()))
+            }
+        })
     }
+}
+
+/// The random function's answer, drawn from `rng`.
+fn draw(rng: &mut impl RngCore) -> String {
+    let mut bytes = [0u8; 16];
+    rng.fill_bytes(&mut bytes);
+    serde_json::json!({ "u64": rng.next_u64(), "hex": hex::encode(bytes) }).to_string()
 }

@@ -1,8 +1,8 @@
 //! Generated bindings for the `rewind:action/action` world, at each version the host runs:
-//! 0.2.0 (wit/action.wit) and 0.1.0 (wit/0.1.0/action.wit). Nothing hand-written lives here.
+//! 0.2.0 (guest-sdk/wit/action.wit) and 0.1.0 (guest-sdk/wit/0.1.0/action.wit). Nothing hand-written lives here.
 
 wasmtime::component::bindgen!({
-    path: "../wit",
+    path: "../guest-sdk/wit",
     world: "rewind:action/action",
     imports: {
         "rewind:action/durable": async | trappable,
@@ -14,7 +14,7 @@ wasmtime::component::bindgen!({
 /// The 0.1.0 world: components built before durable waits.
 pub mod v0_1 {
     wasmtime::component::bindgen!({
-        path: "../wit/0.1.0",
+        path: "../guest-sdk/wit/0.1.0",
         world: "rewind:action/action",
         imports: {
             "rewind:action/durable.call": async | trappable,

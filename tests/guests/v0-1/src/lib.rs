@@ -1,4 +1,4 @@
-//! An action built against `rewind:action@0.1.0` (wit/0.1.0/), the world before durable
+//! An action built against `rewind:action@0.1.0` (guest-sdk/wit/0.1.0/), the world before durable
 //! waits, with wit-bindgen directly: hosts of later versions must still run it. It calls
 //! `durable.call(payload.function, "{}")` and sends an output with the result and its key
 //! and sequence.
@@ -7,7 +7,7 @@
 #![allow(unsafe_code)]
 
 wit_bindgen::generate!({
-    path: "../../../wit/0.1.0",
+    path: "../../../guest-sdk/wit/0.1.0",
     world: "action",
 });
 

@@ -1,14 +1,15 @@
 // Builds a JavaScript action into a component: `node build.mjs ACTION.js OUT.wasm WIT_DIR`.
 //
-// esbuild bundles the action with its imports (`rewind` is this SDK; `rewind:action/*` are
-// the world's imports and stay imports), then componentize-js makes the component of world
+// `rewind build` runs it from the directory it installs these tools into. esbuild bundles
+// the action with its imports, found from the action's directory as node finds them (the
+// SDK, `rewind`, among them: the action's package.json names it); `rewind:action/*` are the
+// world's imports and stay imports. Then componentize-js makes the component of world
 // `action`. wasi:http is left out (`http`, `fetch-event`): the sandbox has no network.
 import { componentize } from '@bytecodealliance/componentize-js';
 import { build } from 'esbuild';
 import { mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
-import { dirname, join, resolve } from 'node:path';
-import { fileURLToPath } from 'node:url';
+import { join, resolve } from 'node:path';
 
 const [source, out, wit] = process.argv.slice(2);
 if (!source || !out || !wit) {
@@ -16,7 +17,6 @@ if (!source || !out || !wit) {
   process.exit(2);
 }
 
-const sdk = resolve(dirname(fileURLToPath(import.meta.url)), 'rewind.js');
 const work = await mkdtemp(join(tmpdir(), 'rewind-js-'));
 try {
   const bundle = join(work, 'action.js');
@@ -27,7 +27,6 @@ try {
     platform: 'neutral',
     target: 'es2022',
     outfile: bundle,
-    alias: { rewind: sdk },
     external: ['rewind:*'],
     logLevel: 'warning',
   });
