@@ -361,13 +361,6 @@ impl Builder {
         } else {
             Vec::new()
         };
-        let inputs = digest_dirs(
-            std::iter::once(source.dir.as_path()).chain(local.iter().map(PathBuf::as_path)),
-            &sdk::digest(sdk::JS_TOOLS),
-        )?;
-        if up_to_date(&source.component, &inputs) {
-            return Ok(Built::UpToDate);
-        }
         if package.is_file() {
             let installed = digest_dirs(local.iter().map(PathBuf::as_path), &{
                 let text = std::fs::read(&package)?;
@@ -382,6 +375,14 @@ impl Builder {
                 std::fs::create_dir_all(source.dir.join("node_modules"))?;
                 std::fs::write(&marker, &installed)?;
             }
+        }
+        // After `npm install`, which writes the action's package-lock.json.
+        let inputs = digest_dirs(
+            std::iter::once(source.dir.as_path()).chain(local.iter().map(PathBuf::as_path)),
+            &sdk::digest(sdk::JS_TOOLS),
+        )?;
+        if up_to_date(&source.component, &inputs) {
+            return Ok(Built::UpToDate);
         }
         let work = work_dir(&source.component);
         std::fs::create_dir_all(&work)?;

@@ -10,6 +10,7 @@ mod calls;
 mod cli;
 mod concurrency;
 mod drivers;
+mod first_agent;
 mod functions;
 mod idempotency;
 mod in_doubt;
