@@ -4,6 +4,7 @@ mod build;
 mod check;
 #[cfg(feature = "jetstream")]
 mod cluster;
+mod dev;
 mod inspect;
 mod new;
 mod operator;
@@ -46,6 +47,9 @@ enum Command {
     New(new::NewArgs),
     /// Build an agent's actions into their components, whatever their language.
     Build(build::BuildArgs),
+    /// Build and run an agent's inputs on every change, its calls answered from a
+    /// recording of real answers.
+    Dev(dev::DevArgs),
     /// Run an agent over a JSONL file of inputs.
     Run(run::RunArgs),
     /// Check whether a component fits the rewind:action world.
@@ -150,6 +154,7 @@ pub fn test_hooks(cli: &Cli) -> anyhow::Result<Option<OsString>> {
         Command::Cluster(_) => Some("rewind cluster"),
         Command::New(_)
         | Command::Build(_)
+        | Command::Dev(_)
         | Command::Check(_)
         | Command::Inspect(_)
         | Command::Retry(_)
@@ -196,6 +201,7 @@ pub async fn main(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::New(args) => new::new(args),
         Command::Build(args) => build::build(args, cli.cache_dir.clone()),
+        Command::Dev(args) => dev::dev(args, cli.cache_dir.clone()).await,
         Command::Run(args) => run::run(args, sandbox()?).await,
         Command::Check(args) => check::check(args, sandbox()?),
         Command::Inspect(args) => inspect::inspect(args).await,

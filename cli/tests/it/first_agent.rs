@@ -345,3 +345,126 @@ fn list(root: &Path, dir: &Path, files: &mut Vec<String>) {
         }
     }
 }
+
+/// `rewind dev`: the first run's calls reach the service and are recorded; after a change
+/// to the action's source, it is built and run again on its own, served from the
+/// recording, and no call reaches the service. Under `--offline`, a call the recording
+/// lacks fails the run, and says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rewind_dev_runs_again_on_a_change_served_from_its_recording() {
+    use std::io::BufRead as _;
+
+    guest("caller");
+    let mock = rewind_mock::MockService::start("127.0.0.1:0".parse().expect("addr"))
+        .await
+        .expect("mock");
+    let home = tempfile::tempdir().expect("tempdir");
+    ok(
+        rewind(home.path(), &["new", "agent", "dev", "--lang", "js"]),
+        "rewind new agent",
+    );
+    let dir = home.path().join("dev");
+    let agent = dir.join("agent.toml");
+    let mut toml = std::fs::read_to_string(&agent).expect("agent.toml");
+    toml.push_str(&format!(
+        "\n[functions.\"orders.lookup\"]\nkind = \"http\"\nurl = \"{}/tools/orders.lookup\"\n",
+        mock.base_url()
+    ));
+    std::fs::write(&agent, toml).expect("write");
+    let action = dir.join("actions/greet/action.js");
+    let source = |greeting: &str| {
+        format!(
+            "import {{ action }} from 'rewind';\nexport const run = action((ctx, event) => {{\n  \
+             const order = ctx.call('orders.lookup', {{ order_id: 'A1234' }});\n  \
+             ctx.output({{ greeting: `{greeting}, ${{event.payload.name}}`, status: order.status }});\n}});\n"
+        )
+    };
+    std::fs::write(&action, source("Hello")).expect("write");
+
+    let mut dev = Command::new(env!("CARGO_BIN_EXE_rewind"))
+        .current_dir(&dir)
+        .args(["dev", "agent.toml", "--input", "inputs.jsonl"])
+        .env(
+            "CARGO_TARGET_DIR",
+            workspace_root().join("target").join("guests"),
+        )
+        .env_remove("RUST_LOG")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("rewind dev starts");
+    let (lines, outputs) = std::sync::mpsc::channel::<Value>();
+    let stdout = dev.stdout.take().expect("stdout");
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if let Ok(output) = serde_json::from_str::<Value>(&line) {
+                let _ = lines.send(output["payload"].clone());
+            }
+        }
+    });
+    let three = |outputs: &std::sync::mpsc::Receiver<Value>| -> Vec<String> {
+        let mut greetings: Vec<String> = (0..3)
+            .map(|_| {
+                let payload = outputs
+                    .recv_timeout(std::time::Duration::from_secs(180))
+                    .expect("rewind dev writes the run's outputs");
+                assert_eq!(payload["status"], "processing", "{payload}");
+                payload["greeting"].as_str().expect("a greeting").to_owned()
+            })
+            .collect();
+        greetings.sort();
+        greetings
+    };
+
+    assert_eq!(three(&outputs), ["Hello, Ada", "Hello, Ada", "Hello, Alan"]);
+    let calls = mock.counts().for_route("/tools/orders.lookup");
+    assert_eq!(calls, 3, "the first run's calls reach the service");
+    // The recording is written once the run has ended, after its outputs.
+    let recorded = std::time::Instant::now();
+    let recording = loop {
+        match std::fs::read_to_string(dir.join("responses.jsonl")) {
+            Ok(text) if text.ends_with('\n') => break text,
+            _ if recorded.elapsed() > std::time::Duration::from_secs(60) => {
+                panic!("rewind dev wrote no recording")
+            }
+            _ => std::thread::sleep(std::time::Duration::from_millis(50)),
+        }
+    };
+    assert_eq!(
+        recording.lines().count(),
+        1,
+        "one answer per function and args:\n{recording}"
+    );
+
+    std::fs::write(&action, source("Hi")).expect("write");
+    assert_eq!(three(&outputs), ["Hi, Ada", "Hi, Ada", "Hi, Alan"]);
+    assert_eq!(
+        mock.counts().for_route("/tools/orders.lookup"),
+        calls,
+        "a run after a change is served from the recording"
+    );
+    dev.kill().expect("kill");
+    let _ = dev.wait();
+
+    // Offline, a call the recording lacks fails, and nothing reaches the service.
+    std::fs::write(dir.join("responses.jsonl"), "").expect("write");
+    let offline = rewind(
+        &dir,
+        &[
+            "dev",
+            "agent.toml",
+            "--input",
+            "inputs.jsonl",
+            "--once",
+            "--offline",
+        ],
+    );
+    assert!(!offline.status.success());
+    let stderr = String::from_utf8_lossy(&offline.stderr);
+    assert!(
+        stderr.contains("not in the recording failed (--offline"),
+        "{stderr}"
+    );
+    assert_eq!(mock.counts().for_route("/tools/orders.lookup"), calls);
+}

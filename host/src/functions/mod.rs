@@ -19,7 +19,7 @@ pub use builtin::{Clock, RandomFunction, SKIP_TIME_ENV, SkippingClock, SystemClo
 pub use hosts::AllowedHosts;
 pub use http::{DEFAULT_MAX_RESPONSE_BYTES, HttpConfig, HttpFunction, RetryPolicy};
 pub use mcp::{IDEMPOTENCY_META, McpConfig, McpFunction, PROTOCOL_VERSION};
-pub use openai::{OpenAiChatConfig, OpenAiChatFunction};
+pub use openai::{OpenAiChatConfig, OpenAiChatFunction, completion_of_stream};
 
 /// The run slot a call's run holds, which a function lets go of while it waits between
 /// attempts (a 429's `Retry-After`, a backoff), so that another input runs meanwhile.

@@ -137,6 +137,36 @@ impl Function for OpenAiChatFunction {
     }
 }
 
+/// A whole streamed chat answer (its server-sent events, as `url` sent them) as the one
+/// JSON completion an endpoint that does not stream answers with: `choices[0].message`,
+/// its `finish_reason`, and `usage`. A function given that completion gets the message the
+/// stream makes up; `rewind dev` records streamed answers so.
+pub async fn completion_of_stream(url: &str, events: &str) -> Result<Value, FunctionError> {
+    let reading = Reading {
+        url,
+        max_bytes: usize::MAX,
+        between_reads: Duration::from_secs(60),
+        deltas: None,
+    };
+    let whole = futures_util::stream::iter([Ok::<_, std::convert::Infallible>(
+        bytes::Bytes::from(events.to_owned()),
+    )]);
+    let mut message = assemble(&reading, whole).await?;
+    let (finish_reason, usage) = match message.as_object_mut() {
+        Some(fields) => (fields.remove("finish_reason"), fields.remove("usage")),
+        None => (None, None),
+    };
+    let finish_reason = finish_reason.unwrap_or(Value::Null);
+    let mut completion = json!({
+        "object": "chat.completion",
+        "choices": [{"index": 0, "message": message, "finish_reason": finish_reason}],
+    });
+    if let Some(usage) = usage {
+        completion["usage"] = usage;
+    }
+    Ok(completion)
+}
+
 /// How a streamed answer is read.
 struct Reading<'a> {
     url: &'a str,
@@ -394,6 +424,48 @@ mod tests {
             json!({ "role": "assistant", "content": "plain", "finish_reason": "stop",
                 "usage": { "total_tokens": 3 } })
         );
+    }
+
+    /// A streamed answer kept as its whole completion (`rewind dev`'s recording) gives the
+    /// function the message the stream gave it.
+    #[cfg(feature = "server")]
+    #[tokio::test]
+    async fn a_stream_kept_as_its_completion_gives_the_same_message() {
+        let chunk = |delta: Value, finish: Value| {
+            format!(
+                "data: {}\n\n",
+                json!({ "choices": [{ "index": 0, "delta": delta, "finish_reason": finish }] })
+            )
+        };
+        let stream = [
+            chunk(
+                json!({ "role": "assistant", "content": "Hel" }),
+                Value::Null,
+            ),
+            chunk(json!({ "content": "lo" }), json!("stop")),
+            format!(
+                "data: {}\n\n",
+                json!({ "choices": [], "usage": { "total_tokens": 7 } })
+            ),
+            "data: [DONE]\n\n".to_owned(),
+        ]
+        .concat();
+        let streamed = answering(stream.clone(), "text/event-stream").await;
+        let from_stream = ask(&chat_at(&streamed, DEFAULT_MAX_RESPONSE_BYTES))
+            .await
+            .expect("an answer");
+        let completion = completion_of_stream("llm.chat", &stream)
+            .await
+            .expect("a completion");
+        assert_eq!(completion["choices"][0]["finish_reason"], "stop");
+        let kept = answering(completion.to_string(), "application/json").await;
+        let from_completion = ask(&chat_at(&kept, DEFAULT_MAX_RESPONSE_BYTES))
+            .await
+            .expect("an answer");
+        assert_eq!(from_completion, from_stream);
+        let message: Value = serde_json::from_str(&from_stream).expect("JSON");
+        assert_eq!(message["content"], "Hello");
+        assert_eq!(message["usage"]["total_tokens"], 7);
     }
 
     /// `max-response-bytes` caps the message a stream is put together into (a recorded

@@ -35,8 +35,9 @@ use crate::crash::{Crash, CrashPoint};
 use crate::durable::{CallsByFunction, InDoubtPolicy, SEED_ENV, Seeded};
 use crate::state_dir::{read_incarnation, set_incarnation};
 use crate::store::Incarnation;
+pub use agent::{Rewritten, rewrite};
 pub use error::KitError;
-pub use simulator::{Script, Simulator, read_scripts};
+pub use simulator::{Misses, Script, Simulator, read_scripts};
 
 /// Which crashes to inject.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -269,7 +270,7 @@ impl Kit {
             .map_err(KitError::io(format!("creating {}", self.work.display())))?;
         // The simulator needs the upstreams the rewrite finds; the rewrite needs the
         // simulator's address: read the endpoints first, against a placeholder.
-        let probe = agent::rewrite(&self.agent, |_| String::new(), &self.rewrites)?;
+        let probe = rewrite(&self.agent, |_| String::new(), &self.rewrites)?;
         // A script that names a signal no action declares is refused now, naming its line.
         let signals = match &self.signals {
             Some(path) => {
@@ -283,7 +284,7 @@ impl Kit {
             None => None,
         };
         let simulator = Simulator::start(probe.upstreams, self.scripts.clone()).await?;
-        let rewritten = agent::rewrite(&self.agent, |name| simulator.url(name), &self.rewrites)?;
+        let rewritten = rewrite(&self.agent, |name| simulator.url(name), &self.rewrites)?;
         let agent = self.work.join("agent.toml");
         std::fs::write(&agent, &rewritten.toml)
             .map_err(KitError::io(format!("writing {}", agent.display())))?;

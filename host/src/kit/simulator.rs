@@ -6,7 +6,9 @@
 //! (`/fn/NAME/...`). The simulator honours `Idempotency-Key` as a well-behaved remote does:
 //! the first request of a key gets an answer (scripted, or from the upstream endpoint),
 //! later requests of that key, in this case or any later one, get the same answer and
-//! reach nothing. A retryable answer (5xx, 429, 408) is not kept: the next request of the
+//! reach nothing. A call no script answers goes to the endpoint ([`Misses::Forward`]), its
+//! answer kept as a script would have it ([`Simulator::live_answers`]: what `rewind dev`
+//! records), or fails ([`Misses::Fail`]: `rewind dev --offline`). A retryable answer (5xx, 429, 408) is not kept: the next request of the
 //! key is forwarded again. `GET
 //! /fn/NAME/~status` answers a reconcile: 200 with the key's answer, 404 when the key was
 //! never seen.
@@ -20,18 +22,18 @@ use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, Method, StatusCode};
 use axum::routing::any;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::error::KitError;
 
 /// One scripted answer: `{"function": NAME, "args": {...}, "result": {...}}`. Without
 /// `args` it answers every call of the function that no entry with `args` matches.
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Script {
     pub function: String,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub args: Option<Value>,
     pub result: Value,
 }
@@ -79,11 +81,28 @@ struct CaseCount {
     changed: bool,
 }
 
+/// What becomes of a call no script answers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Misses {
+    /// It goes to the function's endpoint (once per idempotency key).
+    #[default]
+    Forward,
+    /// It fails: the simulator answers 422, naming the function, and counts it.
+    Fail,
+}
+
 #[derive(Debug, Default)]
 struct Shared {
     /// Function name to the URL its requests go to when no script answers.
     upstreams: BTreeMap<String, String>,
     scripts: Vec<Script>,
+    misses: Misses,
+    /// The final JSON answers endpoints gave, as scripts, in the order they came.
+    live: Mutex<Vec<Script>>,
+    /// Calls answered by a script, by an endpoint, and failed for want of a script.
+    scripted: AtomicU64,
+    forwarded_live: AtomicU64,
+    missed: AtomicU64,
     client: reqwest::Client,
     /// Per key, for the whole kit run; each behind a lock of its own, held while its first
     /// request is forwarded, so that a request of the key meanwhile waits for that answer.
@@ -123,14 +142,25 @@ pub struct Simulator {
 }
 
 impl Simulator {
-    /// Starts on a free loopback port.
+    /// Starts on a free loopback port; calls no script answers go to their endpoints.
     pub async fn start(
         upstreams: BTreeMap<String, String>,
         scripts: Vec<Script>,
     ) -> Result<Self, KitError> {
+        Self::start_with(upstreams, scripts, Misses::Forward).await
+    }
+
+    /// Starts on a free loopback port; `misses` says what becomes of a call no script
+    /// answers.
+    pub async fn start_with(
+        upstreams: BTreeMap<String, String>,
+        scripts: Vec<Script>,
+        misses: Misses,
+    ) -> Result<Self, KitError> {
         let shared = Arc::new(Shared {
             upstreams,
             scripts,
+            misses,
             ..Shared::default()
         });
         let app = Router::new()
@@ -217,6 +247,28 @@ impl Simulator {
     /// Reconcile questions answered.
     pub fn asks(&self) -> u64 {
         self.shared.asks.load(Ordering::SeqCst)
+    }
+
+    /// The final answers endpoints gave that a script can hold (a JSON request answered
+    /// 2xx with JSON, or with a chat model's stream, kept as its whole completion), as
+    /// scripts with their args, in the order they came.
+    pub fn live_answers(&self) -> Vec<Script> {
+        (self.shared.live.lock().unwrap_or_else(|p| p.into_inner())).clone()
+    }
+
+    /// Calls a script answered (once per idempotency key).
+    pub fn scripted(&self) -> u64 {
+        self.shared.scripted.load(Ordering::SeqCst)
+    }
+
+    /// Requests that went to an endpoint.
+    pub fn forwarded_live(&self) -> u64 {
+        self.shared.forwarded_live.load(Ordering::SeqCst)
+    }
+
+    /// Calls that failed for want of a script ([`Misses::Fail`]).
+    pub fn misses(&self) -> u64 {
+        self.shared.missed.load(Ordering::SeqCst)
     }
 }
 
@@ -308,13 +360,60 @@ async fn forward_once(shared: Arc<Shared>, slot: Slot, request: Request) -> (Sta
     }
     answered.forwarded += 1;
     let (status, text) = match scripted(&shared, &request.function, &request.body) {
-        Some(result) => (200, result.to_string()),
-        None => forward(&shared, request).await,
+        Some(result) => {
+            shared.scripted.fetch_add(1, Ordering::SeqCst);
+            (200, result.to_string())
+        }
+        None if shared.misses == Misses::Fail => {
+            shared.missed.fetch_add(1, Ordering::SeqCst);
+            return (
+                StatusCode::UNPROCESSABLE_ENTITY,
+                format!(
+                    "no recorded answer for `{}` with these args, and calls may not go to \
+                     their services (--offline)",
+                    request.function
+                ),
+            );
+        }
+        None => {
+            shared.forwarded_live.fetch_add(1, Ordering::SeqCst);
+            let function = request.function.clone();
+            let args = serde_json::from_slice::<Value>(&request.body).ok();
+            let (status, text) = forward(&shared, request).await;
+            if (200..300).contains(&status)
+                && let Some(args) = args
+                && let Some(result) = as_result(&function, &text).await
+            {
+                (shared.live.lock().unwrap_or_else(|p| p.into_inner())).push(Script {
+                    function,
+                    args: Some(args),
+                    result,
+                });
+            }
+            (status, text)
+        }
     };
     if !retryable(status) {
         answered.answer = Some((status, text.clone()));
     }
     (status_code(status), text)
+}
+
+/// An endpoint's answer as a script's `result`: JSON as it is, a chat model's stream as its
+/// whole completion; else none.
+async fn as_result(function: &str, text: &str) -> Option<Value> {
+    if let Ok(value) = serde_json::from_str(text) {
+        return Some(value);
+    }
+    let streamed = ["data:", "event:", "id:", ":"]
+        .iter()
+        .any(|field| text.trim_start().starts_with(field));
+    if !streamed {
+        return None;
+    }
+    crate::functions::completion_of_stream(function, text)
+        .await
+        .ok()
 }
 
 fn status_code(status: u16) -> StatusCode {
