@@ -79,6 +79,10 @@ enum ClusterCommand {
         at: Where,
         #[arg(long)]
         input: PathBuf,
+        /// Wait up to this many seconds for the cluster to exist and a host to run the
+        /// agent (default: refused at once).
+        #[arg(long, value_name = "SECONDS", default_value_t = 0)]
+        wait: u64,
     },
     /// Print every output of the cluster's partitions as JSON Lines.
     Outputs {
@@ -183,7 +187,12 @@ pub async fn cluster(
             eprintln!("rewind cluster: left");
             Ok(ExitCode::SUCCESS)
         }
-        ClusterCommand::Publish { agent, at, input } => publish(&agent, &at, &input).await,
+        ClusterCommand::Publish {
+            agent,
+            at,
+            input,
+            wait,
+        } => publish(&agent, &at, &input, Duration::from_secs(wait)).await,
         ClusterCommand::Outputs { at } => outputs(&at).await,
         ClusterCommand::Retry { agent, at, which } => {
             command(&agent, &at, which, Verb::Retry).await
@@ -326,10 +335,28 @@ impl Where {
     }
 }
 
-async fn publish(agent: &str, at: &Where, input: &PathBuf) -> anyhow::Result<ExitCode> {
-    let context = async_nats::jetstream::new(at.connect()?.connect().await?);
-    let layout = Layout::load(&context, &at.prefix).await?;
-    layout.check_runs(&context, &at.tenant, agent).await?;
+async fn publish(
+    agent: &str,
+    at: &Where,
+    input: &PathBuf,
+    wait: Duration,
+) -> anyhow::Result<ExitCode> {
+    // Until `wait` has passed: the NATS server up, the cluster made, a host running the
+    // agent.
+    let deadline = std::time::Instant::now() + wait;
+    let (context, layout) = loop {
+        let ready = async {
+            let context = async_nats::jetstream::new(at.connect()?.connect().await?);
+            let layout = Layout::load(&context, &at.prefix).await?;
+            layout.check_runs(&context, &at.tenant, agent).await?;
+            anyhow::Ok((context, layout))
+        };
+        match ready.await {
+            Ok(ready) => break ready,
+            Err(error) if std::time::Instant::now() >= deadline => return Err(error),
+            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    };
     let reader = BufReader::new(
         std::fs::File::open(input).with_context(|| format!("cannot open {}", input.display()))?,
     );

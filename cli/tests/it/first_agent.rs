@@ -381,6 +381,14 @@ async fn rewind_dev_runs_again_on_a_change_served_from_its_recording() {
     };
     std::fs::write(&action, source("Hello")).expect("write");
 
+    /// Kills `rewind dev` however the test ends.
+    struct Killed(std::process::Child);
+    impl Drop for Killed {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
     let mut dev = Command::new(env!("CARGO_BIN_EXE_rewind"))
         .current_dir(&dir)
         .args(["dev", "agent.toml", "--input", "inputs.jsonl"])
@@ -395,6 +403,7 @@ async fn rewind_dev_runs_again_on_a_change_served_from_its_recording() {
         .expect("rewind dev starts");
     let (lines, outputs) = std::sync::mpsc::channel::<Value>();
     let stdout = dev.stdout.take().expect("stdout");
+    let dev = Killed(dev);
     std::thread::spawn(move || {
         for line in std::io::BufReader::new(stdout).lines() {
             let Ok(line) = line else { break };
@@ -444,8 +453,7 @@ async fn rewind_dev_runs_again_on_a_change_served_from_its_recording() {
         calls,
         "a run after a change is served from the recording"
     );
-    dev.kill().expect("kill");
-    let _ = dev.wait();
+    drop(dev);
 
     // Offline, a call the recording lacks fails, and nothing reaches the service.
     std::fs::write(dir.join("responses.jsonl"), "").expect("write");

@@ -21,6 +21,7 @@ mod model;
 mod nats;
 mod operator;
 mod polyglot;
+mod readme;
 mod recovery;
 mod remote;
 mod sandbox;

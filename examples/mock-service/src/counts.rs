@@ -43,6 +43,25 @@ impl Counts {
 #[derive(Debug, Clone, Default)]
 pub struct MockState {
     tally: Arc<Mutex<Tally>>,
+    /// Per (tool route, idempotency key): the answer the call got, or `None` while it runs.
+    answers: Arc<Mutex<Answers>>,
+}
+
+type Answers = BTreeMap<(String, String), Option<Answer>>;
+
+/// What a tool call answered: its status and body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Answer {
+    pub status: u16,
+    pub body: axum::body::Bytes,
+}
+
+/// What a reconcile question learns of a call (`GET /tools/NAME/status`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Seen {
+    Never,
+    Running,
+    Answered(Answer),
 }
 
 #[derive(Debug, Default)]
@@ -98,6 +117,35 @@ impl MockState {
                 tally.without_key += 1;
                 0
             }
+        }
+    }
+
+    /// A call of `route` under `key` has started.
+    pub(crate) fn started(&self, route: &str, key: &str) {
+        let mut answers = self.answers.lock().unwrap_or_else(PoisonError::into_inner);
+        answers
+            .entry((route.to_owned(), key.to_owned()))
+            .or_insert(None);
+    }
+
+    /// A call of `route` under `key` answered `answer` (the first answer of a key is kept).
+    pub(crate) fn answered(&self, route: &str, key: &str, answer: Answer) {
+        let mut answers = self.answers.lock().unwrap_or_else(PoisonError::into_inner);
+        let slot = answers
+            .entry((route.to_owned(), key.to_owned()))
+            .or_insert(None);
+        if slot.is_none() {
+            *slot = Some(answer);
+        }
+    }
+
+    /// What became of the call of `route` under `key`.
+    pub(crate) fn seen(&self, route: &str, key: &str) -> Seen {
+        let answers = self.answers.lock().unwrap_or_else(PoisonError::into_inner);
+        match answers.get(&(route.to_owned(), key.to_owned())) {
+            None => Seen::Never,
+            Some(None) => Seen::Running,
+            Some(Some(answer)) => Seen::Answered(answer.clone()),
         }
     }
 

@@ -25,6 +25,7 @@
 //! | `POST /tools/enrich.company` | `{"domain","name","industry","employees"}` derived from the domain |
 //! | `POST /tools/enrich.person` | `{"email","name","company","title"}` derived from the address |
 //! | `POST /tools/{name}` | `{"tool": name, "echo": <request body>}` |
+//! | `GET /tools/{name}/status` | a reconcile endpoint (`in-doubt = "reconcile"`), by the `Idempotency-Key` header: `200` with the answer the tool's call under that key got; `503` with `Retry-After: 1` while that call still runs (answering `404` then would have the host make the call a second time); `404` only for a key the tool never saw |
 //! | `GET /counts` | the [`Counts`] as JSON |
 //! | `POST /counts/reset` | zeroes the counts; answers with the counts as they were |
 //! | `GET /healthz` | `ok` |

@@ -15,7 +15,7 @@ use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-use crate::counts::{Counts, MockState};
+use crate::counts::{Answer, Counts, MockState, Seen};
 use crate::{
     DELAY_HEADER, IDEMPOTENCY_KEY_HEADER, MAX_DELAY_MS, THROTTLE_HEADER,
     THROTTLE_RETRY_AFTER_HEADER, THROTTLE_STATUS_HEADER, chat, tools,
@@ -31,6 +31,7 @@ pub fn router(state: MockState) -> Router {
         .route("/tools/enrich.company", post(tools::enrich_company))
         .route("/tools/enrich.person", post(tools::enrich_person))
         .route("/tools/{name}", post(tools::echo))
+        .route("/tools/{name}/status", get(reconcile))
         // A route layer runs only for requests that matched a route, before the body is
         // read, so rejected bodies are counted too: they reached the remote all the same.
         .route_layer(middleware::from_fn_with_state(state.clone(), count_call));
@@ -57,14 +58,78 @@ async fn count_call(State(state): State<MockState>, request: Request, next: Next
         if let Some(refused) = throttled(headers, calls) {
             return refused;
         }
+        // A tool call's answer is kept by its key, for `GET /tools/NAME/status`: running
+        // from now, answered once the tool has answered.
+        let tool_call = key
+            .filter(|_| route.starts_with("/tools/"))
+            .map(|key| (route.to_owned(), key));
+        if let Some((route, key)) = &tool_call {
+            state.started(route, key);
+        }
         let delay = (headers.get(DELAY_HEADER))
             .and_then(|value| value.to_str().ok())
             .and_then(|value| value.trim().parse::<u64>().ok());
         if let Some(delay) = delay {
             tokio::time::sleep(std::time::Duration::from_millis(delay.min(MAX_DELAY_MS))).await;
         }
+        if let Some((route, key)) = tool_call {
+            let response = next.run(request).await;
+            let (parts, body) = response.into_parts();
+            let body = axum::body::to_bytes(body, usize::MAX)
+                .await
+                .unwrap_or_default();
+            let answer = Answer {
+                status: parts.status.as_u16(),
+                body: body.clone(),
+            };
+            state.answered(&route, &key, answer);
+            return Response::from_parts(parts, axum::body::Body::from(body));
+        }
     }
     next.run(request).await
+}
+
+/// `GET /tools/NAME/status` with a call's `Idempotency-Key`: a reconcile endpoint, as
+/// `in-doubt = "reconcile"` asks it. 200 with the answer the call got; 503 with
+/// `Retry-After` while the call still runs (a 404 then would have the host make it a
+/// second time); 404 only for a key the tool never saw.
+async fn reconcile(
+    State(state): State<MockState>,
+    axum::extract::Path(name): axum::extract::Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    let Some(key) = headers
+        .get(IDEMPOTENCY_KEY_HEADER)
+        .and_then(|v| v.to_str().ok())
+    else {
+        return (
+            StatusCode::BAD_REQUEST,
+            Json(json!({"error": "no Idempotency-Key: which call?"})),
+        )
+            .into_response();
+    };
+    match state.seen(&format!("/tools/{name}"), key) {
+        Seen::Never => (
+            StatusCode::NOT_FOUND,
+            Json(json!({"error": format!("no call of {name} under this key")})),
+        )
+            .into_response(),
+        Seen::Running => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            [(RETRY_AFTER, HeaderValue::from_static("1"))],
+            Json(json!({"status": "running"})),
+        )
+            .into_response(),
+        Seen::Answered(answer) => {
+            let status = StatusCode::from_u16(answer.status).unwrap_or(StatusCode::BAD_GATEWAY);
+            (
+                status,
+                [(axum::http::header::CONTENT_TYPE, "application/json")],
+                answer.body,
+            )
+                .into_response()
+        }
+    }
 }
 
 /// The answer to a call refused by [`THROTTLE_HEADER`]: its key's `calls`-th.

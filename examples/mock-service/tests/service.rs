@@ -559,3 +559,63 @@ fn binary_says_when_its_port_is_taken() {
         "{stderr}"
     );
 }
+
+/// The reconcile endpoint: 404 for a key the tool never saw, 503 "running" with
+/// Retry-After while the call under the key runs, then 200 with the answer it got.
+#[tokio::test]
+async fn the_status_of_a_tool_call_is_never_seen_then_running_then_its_answer() {
+    let (mock, client) = start().await;
+    let status = |key: &'static str| {
+        let request = client
+            .get(format!("{}/tools/payments.charge/status", mock.base_url()))
+            .header("Idempotency-Key", key);
+        async move {
+            let response = request.send().await.expect("request reaches the mock");
+            let retry_after = response.headers().get("retry-after").cloned();
+            let status = response.status();
+            (
+                status,
+                retry_after,
+                response.json::<Value>().await.expect("JSON"),
+            )
+        }
+    };
+    assert_eq!(status("pay-1").await.0, StatusCode::NOT_FOUND);
+
+    let call = {
+        let request = client
+            .post(format!("{}/tools/payments.charge", mock.base_url()))
+            .header("Idempotency-Key", "pay-1")
+            .header(rewind_mock::DELAY_HEADER, "2000")
+            .json(&json!({"amount": 5}));
+        tokio::spawn(async move {
+            request
+                .send()
+                .await
+                .expect("the call")
+                .json::<Value>()
+                .await
+        })
+    };
+    // Once the call has reached the mock, and until it answers: running.
+    let running = loop {
+        let (code, retry_after, body) = status("pay-1").await;
+        if code != StatusCode::NOT_FOUND {
+            break (code, retry_after, body);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
+    assert_eq!(running.0, StatusCode::SERVICE_UNAVAILABLE, "{running:?}");
+    assert_eq!(running.1.expect("Retry-After"), "1");
+    assert_eq!(running.2, json!({"status": "running"}));
+
+    let answer = call.await.expect("joined").expect("JSON");
+    let (code, _, body) = status("pay-1").await;
+    assert_eq!(code, StatusCode::OK);
+    assert_eq!(body, answer);
+    assert_eq!(
+        body,
+        json!({"tool": "payments.charge", "echo": {"amount": 5}})
+    );
+    assert_eq!(status("pay-2").await.0, StatusCode::NOT_FOUND);
+}
