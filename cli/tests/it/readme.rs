@@ -67,8 +67,9 @@ fn run(name: &str, ports: &[u16], env: &[(&str, &str)]) {
         binaries().display(),
         std::env::var("PATH").unwrap_or_default()
     );
-    // What the walkthrough starts in the background is stopped when it ends, however.
-    let prelude = "set -euo pipefail\ntrap 'kill $(jobs -p) 2>/dev/null || true; wait' EXIT\n\
+    // What the walkthrough starts in the background is killed when it ends, however: its
+    // state is the test's to throw away, and a graceful stop would only cost time.
+    let prelude = "set -euo pipefail\ntrap 'kill -KILL $(jobs -p) 2>/dev/null || true; wait' EXIT\n\
                    trap 'exit 143' TERM\n";
     let mut child = Command::new("bash")
         .arg("-c")
@@ -151,4 +152,18 @@ fn serving_many_tenants() {
 fn several_hosts_on_jetstream() {
     guest("caller");
     run("jetstream", &[4222, 8222], &[]);
+}
+
+/// "Running an agent": run, check, inspect.
+#[test]
+fn running_an_agent() {
+    guest("caller");
+    run("running", &[], &[]);
+}
+
+/// "Testing your agent": the kit at every boundary, at random ones, and at one.
+#[test]
+fn testing_your_agent() {
+    guest("caller");
+    run("testing", &[], &[]);
 }
