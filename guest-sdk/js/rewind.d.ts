@@ -13,18 +13,25 @@ export class RewindError extends Error {
 
 /** Why a durable call returned no value; `fn` is the function called, `reason` the host's text. */
 export class CallError extends RewindError {
+  constructor(fn: string, message: string, what: string);
   readonly fn: string;
   readonly reason: string;
 }
 
 /** The function ran and failed. Recorded: a replay throws it again without calling. */
-export class CallFailed extends CallError {}
+export class CallFailed extends CallError {
+  constructor(fn: string, message: string);
+}
 
 /** The action may not use this function now (not granted, quota spent). Not recorded. */
-export class CallDenied extends CallError {}
+export class CallDenied extends CallError {
+  constructor(fn: string, message: string);
+}
 
 /** No function of that name is declared for this agent. Not recorded. */
-export class UnknownFunction extends CallError {}
+export class UnknownFunction extends CallError {
+  constructor(fn: string, message: string);
+}
 
 /** An event: `kind` routes it, `payload` is its JSON, parsed on each read. */
 export class Event {

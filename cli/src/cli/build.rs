@@ -160,6 +160,7 @@ pub enum Built {
 /// directory) as they are first needed.
 #[derive(Debug)]
 pub struct Builder {
+    cache: PathBuf,
     tools: PathBuf,
     rust_target: std::sync::OnceLock<()>,
 }
@@ -174,8 +175,14 @@ impl Builder {
             )?;
         Ok(Self {
             tools: cache.join("tools"),
+            cache,
             rust_target: std::sync::OnceLock::new(),
         })
+    }
+
+    /// The cache directory: compiled components, and the build tools under `tools/`.
+    pub fn cache_dir(&self) -> &Path {
+        &self.cache
     }
 
     /// Builds `source` unless it is up to date.
@@ -236,8 +243,11 @@ impl Builder {
             let Ok(message) = serde_json::from_str::<serde_json::Value>(line) else {
                 continue;
             };
+            // Both sides canonical: cargo's path may go through a symlink ours does not.
+            let theirs =
+                (message["manifest_path"].as_str()).and_then(|p| Path::new(p).canonicalize().ok());
             let ours = message["reason"] == "compiler-artifact"
-                && message["manifest_path"].as_str().map(Path::new) == Some(manifest.as_path())
+                && theirs.as_deref() == Some(manifest.as_path())
                 && (message["target"]["crate_types"].as_array())
                     .is_some_and(|types| types.iter().any(|kind| kind == "cdylib"));
             if !ours {
@@ -513,11 +523,11 @@ fn up_to_date(component: &Path, inputs: &str) -> bool {
             == Some(inputs)
 }
 
-/// Copies `from` to `to` through a temporary file beside `to`, so that a reader never sees
-/// half a component.
+/// Copies `from` to `to` through a temporary file beside `to`, this process's own, so that
+/// a reader never sees half a component (nor one build another's half).
 fn copy_into_place(from: &Path, to: &Path) -> anyhow::Result<()> {
     let mut temporary = to.as_os_str().to_owned();
-    temporary.push(".tmp");
+    temporary.push(format!(".tmp.{}", std::process::id()));
     let temporary = PathBuf::from(temporary);
     std::fs::copy(from, &temporary)
         .with_context(|| format!("copying {} to {}", from.display(), temporary.display()))?;
@@ -538,16 +548,16 @@ fn digest_file(path: &Path) -> Option<Vec<u8>> {
     Some(sha2::Sha256::digest(&bytes).to_vec())
 }
 
-/// Directories a walk skips: what tools write beside sources (bytecode, installed
-/// packages, setuptools' build directory and metadata).
-fn skipped(name: &OsStr) -> bool {
+/// Directories a walk skips: what tools write beside sources, bytecode, installed packages
+/// and package metadata at any depth; at a walked directory's top (`top`), setuptools'
+/// and cargo's build directories.
+fn skipped(name: &OsStr, top: bool) -> bool {
     let name = name.to_string_lossy();
     name == "__pycache__"
         || name == "node_modules"
-        || name == "build"
-        || name == "target"
         || name.ends_with(".egg-info")
         || name.starts_with('.')
+        || top && (name == "build" || name == "target")
 }
 
 /// A digest of every file under `dirs` (paths relative to each, and contents), and of
@@ -581,7 +591,7 @@ fn walk(root: &Path, dir: &Path, files: &mut Vec<(String, PathBuf)>) -> anyhow::
         let entry = entry?;
         let path = entry.path();
         if path.is_dir() {
-            if !skipped(&entry.file_name()) {
+            if !skipped(&entry.file_name(), dir == root) {
                 walk(root, &path, files)?;
             }
         } else if path.is_file() && !entry.file_name().to_string_lossy().ends_with(".pyc") {
@@ -590,6 +600,24 @@ fn walk(root: &Path, dir: &Path, files: &mut Vec<(String, PathBuf)>) -> anyhow::
         }
     }
     Ok(())
+}
+
+/// What goes into `source`'s component that `rewind dev` watches: its directory, and the
+/// local packages its `requirements.txt` or `package.json` names.
+pub fn watched(source: &Source) -> Vec<PathBuf> {
+    let mut dirs = vec![source.dir.clone()];
+    let requirements = source.dir.join("requirements.txt");
+    let package = source.dir.join("package.json");
+    match source.lang {
+        Lang::Python if requirements.is_file() => {
+            dirs.extend(python_local_dependencies(&source.dir, &requirements).unwrap_or_default());
+        }
+        Lang::Js if package.is_file() => {
+            dirs.extend(js_local_dependencies(&source.dir, &package).unwrap_or_default());
+        }
+        _ => {}
+    }
+    dirs
 }
 
 /// The local directories a `requirements.txt` names (lines that are paths, as `pip`

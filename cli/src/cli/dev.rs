@@ -18,7 +18,7 @@ use anyhow::Context as _;
 use rewind_host::agent::AgentFile;
 use rewind_host::kit::{Misses, Script, Simulator, read_scripts, rewrite};
 
-use super::build::{Builder, digest_dirs, sources};
+use super::build::{Builder, digest_dirs, sources, watched};
 
 #[derive(Debug, clap::Args)]
 pub struct DevArgs {
@@ -64,17 +64,21 @@ pub async fn dev(args: DevArgs, cache_dir: Option<PathBuf>) -> anyhow::Result<Ex
     let mut round = 0u64;
     loop {
         round += 1;
-        let seen = fingerprint(&args)?;
         eprintln!("== rewind dev: run {round}");
-        let outcome = once(&args, &builder, &responses, &work, refresh).await;
+        // What the sources were as the round began; once built, as they were built.
+        let mut seen = fingerprint(&args).unwrap_or_default();
+        let outcome = once(&args, &builder, &responses, &work, refresh, &mut seen).await;
         let ok = match outcome {
-            Ok(ok) => ok,
+            Ok(ok) => {
+                // Recorded anew once: the next rounds are served from it.
+                refresh = false;
+                ok
+            }
             Err(error) => {
                 eprintln!("error: {error:#}");
                 false
             }
         };
-        refresh = false;
         if args.once {
             return Ok(if ok {
                 ExitCode::SUCCESS
@@ -104,7 +108,7 @@ fn fingerprint(args: &DevArgs) -> anyhow::Result<String> {
     let mut dirs = Vec::new();
     if let Ok(agent) = &agent {
         for source in sources(agent).unwrap_or_default() {
-            dirs.push(source.dir);
+            dirs.extend(watched(&source));
         }
     }
     let files = [&args.agent, &args.input]
@@ -121,18 +125,21 @@ fn fingerprint(args: &DevArgs) -> anyhow::Result<String> {
 }
 
 /// One round: build, run into a fresh state against the simulator, keep new answers.
-/// Whether all went well.
+/// Whether all went well. `seen` becomes what the sources were when built (taken after
+/// the build: `npm install` writes a lockfile among them).
 async fn once(
     args: &DevArgs,
     builder: &Builder,
     responses: &Path,
     work: &Path,
     refresh: bool,
+    seen: &mut String,
 ) -> anyhow::Result<bool> {
     let agent = AgentFile::load(&args.agent)?;
     for source in sources(&agent)? {
         builder.build(&source)?;
     }
+    *seen = fingerprint(args).unwrap_or_default();
     let known = if responses.exists() {
         read_scripts(responses)?
     } else {
@@ -160,10 +167,13 @@ async fn once(
     let agent_path = work.join("agent.toml");
     std::fs::write(&agent_path, &rewritten.toml)?;
     let exe = std::env::current_exe().context("finding the rewind binary")?;
+    let cache_dir = builder.cache_dir().to_owned();
     let state = work.join("state");
     let input = args.input.clone();
     let status = tokio::task::spawn_blocking(move || {
         Command::new(exe)
+            .arg("--cache-dir")
+            .arg(&cache_dir)
             .arg("run")
             .arg(&agent_path)
             .arg("--input")
@@ -193,7 +203,7 @@ async fn once(
         new
     });
     let missed = simulator.misses();
-    if !args.live && !live.is_empty() {
+    if !args.live && (refresh || !live.is_empty()) {
         keep(responses, &live, refresh)?;
     }
     let served = simulator.scripted();
@@ -219,7 +229,8 @@ async fn once(
     Ok(status.success() && missed == 0)
 }
 
-/// Appends `answers` to the recording at `path`, or replaces it with them (`--refresh`).
+/// Appends `answers` to the recording at `path` (on a line of their own), or replaces it
+/// with them (`--refresh`: written whole beside it, then renamed into place).
 fn keep(path: &Path, answers: &[Script], replace: bool) -> anyhow::Result<()> {
     use std::io::Write as _;
     let mut text = String::new();
@@ -227,11 +238,21 @@ fn keep(path: &Path, answers: &[Script], replace: bool) -> anyhow::Result<()> {
         text.push_str(&serde_json::to_string(answer)?);
         text.push('\n');
     }
+    if replace {
+        let mut temporary = path.as_os_str().to_owned();
+        temporary.push(".tmp");
+        std::fs::write(&temporary, &text)
+            .with_context(|| format!("writing {}", Path::new(&temporary).display()))?;
+        std::fs::rename(&temporary, path).with_context(|| format!("writing {}", path.display()))?;
+        return Ok(());
+    }
+    let before = std::fs::read(path).unwrap_or_default();
+    if before.last().is_some_and(|last| *last != b'\n') {
+        text.insert(0, '\n');
+    }
     let mut file = std::fs::OpenOptions::new()
         .create(true)
-        .append(!replace)
-        .write(true)
-        .truncate(replace)
+        .append(true)
         .open(path)
         .with_context(|| format!("opening {}", path.display()))?;
     file.write_all(text.as_bytes())

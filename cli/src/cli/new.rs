@@ -128,7 +128,7 @@ fn new_agent(name: &str, lang: Language, dir: &Path) -> anyhow::Result<()> {
     };
     write_filled(dir, AGENT, fill)?;
     add_sdks(dir)?;
-    add_source(dir, FIRST_ACTION, lang)?;
+    add_source(dir, name, FIRST_ACTION, lang)?;
     AgentFile::load(&dir.join("agent.toml")).context("the new agent.toml")?;
     Ok(())
 }
@@ -156,8 +156,8 @@ fn new_action(name: &str, lang: Language, agent_path: &Path) -> anyhow::Result<(
             dir.join("actions").join(name).display()
         );
     }
-    add_sdks(dir)?;
-    add_source(dir, name, lang)?;
+    // The new entry is checked before anything is written, so that a refusal leaves
+    // nothing behind.
     let mut text = std::fs::read_to_string(agent_path)?;
     if !text.ends_with('\n') {
         text.push('\n');
@@ -166,6 +166,8 @@ fn new_action(name: &str, lang: Language, agent_path: &Path) -> anyhow::Result<(
         "\n[[actions]]\nname = \"{name}\"\ncomponent = \"build/{name}.wasm\"\non = [\"{name}\"]\n"
     ));
     AgentFile::parse(agent_path, &text).context("agent.toml with the new action")?;
+    add_sdks(dir)?;
+    add_source(dir, &agent.config.name, name, lang)?;
     std::fs::write(agent_path, text)
         .with_context(|| format!("writing {}", agent_path.display()))?;
     Ok(())
@@ -186,13 +188,24 @@ fn add_sdks(dir: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Writes the source of action `name` in `lang` to `dir/actions/name`, and for Rust makes
-/// it a member of the agent's workspace.
-fn add_source(dir: &Path, name: &str, lang: Language) -> anyhow::Result<()> {
+/// Writes the source of action `name` of agent `agent` in `lang` to `dir/actions/name`,
+/// and for Rust makes it a member of the agent's workspace. A Rust action's package is
+/// named `AGENT-ACTION`: cargo names a cdylib by its package alone, so two agents' `greet`
+/// built in one target directory would overwrite each other's component.
+fn add_source(dir: &Path, agent: &str, name: &str, lang: Language) -> anyhow::Result<()> {
     let source = dir.join("actions").join(name);
     let type_name = type_name(name);
+    let package: String = format!("{agent}-{name}")
+        .chars()
+        .map(|c| match c {
+            'a'..='z' | '0'..='9' | '_' => c,
+            'A'..='Z' => c.to_ascii_lowercase(),
+            _ => '-',
+        })
+        .collect();
     let fill = |text: &str| {
         text.replace("{{name}}", name)
+            .replace("{{crate}}", &package)
             .replace("{{Type}}", &type_name)
     };
     match lang {

@@ -214,7 +214,7 @@ fn a_failed_build_names_the_action_its_source_and_the_compilers_error() {
             "{lang}: {stderr}"
         );
         let compiler = match lang {
-            "rust" => "error",
+            "rust" => "could not compile",
             "python" => "SyntaxError",
             _ => "action.js",
         };

@@ -71,39 +71,54 @@ fn run(name: &str, ports: &[u16], env: &[(&str, &str)]) {
     // state is the test's to throw away, and a graceful stop would only cost time.
     let prelude = "set -euo pipefail\ntrap 'kill -KILL $(jobs -p) 2>/dev/null || true; wait' EXIT\n\
                    trap 'exit 143' TERM\n";
-    let mut child = Command::new("bash")
-        .arg("-c")
-        .arg(format!("{prelude}{script}"))
-        .current_dir(dir.path())
-        .env("PATH", path)
-        .env(
-            "CARGO_TARGET_DIR",
-            workspace_root().join("target").join("guests"),
-        )
-        .envs(env.iter().copied())
-        .env_remove("RUST_LOG")
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("bash runs");
-    // A walkthrough that waits for what never comes fails the test rather than hang it.
+    // Its output goes to files: background jobs share it and may outlive the script.
+    let logs = tempfile::tempdir().expect("tempdir");
+    let file = |name: &str| std::fs::File::create(logs.path().join(name)).expect("a log file");
+    let mut child = {
+        use std::os::unix::process::CommandExt as _;
+        Command::new("bash")
+            .arg("-c")
+            .arg(format!("{prelude}{script}"))
+            .current_dir(dir.path())
+            .env("PATH", path)
+            .env(
+                "CARGO_TARGET_DIR",
+                workspace_root().join("target").join("guests"),
+            )
+            .envs(env.iter().copied())
+            .env_remove("RUST_LOG")
+            .stdout(file("stdout"))
+            .stderr(file("stderr"))
+            .process_group(0)
+            .spawn()
+            .expect("bash runs")
+    };
+    // A walkthrough that waits for what never comes fails the test rather than hang it:
+    // its whole process group is killed.
     let started = std::time::Instant::now();
-    while child.try_wait().expect("wait").is_none() {
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status;
+        }
         if started.elapsed() > LIMIT {
-            let pid = rustix::process::Pid::from_raw(i32::try_from(child.id()).expect("a pid"))
+            let group = rustix::process::Pid::from_raw(i32::try_from(child.id()).expect("a pid"))
                 .expect("a pid");
-            let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
-            break;
+            let _ = rustix::process::kill_process_group(group, rustix::process::Signal::KILL);
+            break child.wait().expect("wait");
         }
         std::thread::sleep(std::time::Duration::from_millis(100));
-    }
-    let output = child.wait_with_output().expect("bash ends");
+    };
+    let read = |name: &str| std::fs::read_to_string(logs.path().join(name)).unwrap_or_default();
     assert!(
-        output.status.success(),
-        "walkthrough `{name}` failed ({}):\n--- script\n{script}\n--- stdout\n{}\n--- stderr\n{}",
-        output.status,
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
+        status.success(),
+        "walkthrough `{name}` failed ({status}{}):\n--- script\n{script}\n--- stdout\n{}\n--- stderr\n{}",
+        if started.elapsed() > LIMIT {
+            ", killed past its time"
+        } else {
+            ""
+        },
+        read("stdout"),
+        read("stderr")
     );
 }
 

@@ -27,6 +27,8 @@ try {
     platform: 'neutral',
     target: 'es2022',
     outfile: bundle,
+    // A package of npm may name its entry by `main` alone; `neutral` reads no field unless told.
+    mainFields: ['module', 'main'],
     external: ['rewind:*'],
     logLevel: 'warning',
   });

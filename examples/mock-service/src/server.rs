@@ -73,17 +73,28 @@ async fn count_call(State(state): State<MockState>, request: Request, next: Next
             tokio::time::sleep(std::time::Duration::from_millis(delay.min(MAX_DELAY_MS))).await;
         }
         if let Some((route, key)) = tool_call {
-            let response = next.run(request).await;
-            let (parts, body) = response.into_parts();
-            let body = axum::body::to_bytes(body, usize::MAX)
-                .await
-                .unwrap_or_default();
-            let answer = Answer {
-                status: parts.status.as_u16(),
-                body: body.clone(),
+            // In a task of its own: a caller that goes away mid-call (a killed host) drops
+            // this handler, and the call would otherwise stay "running" for ever.
+            let state = state.clone();
+            let answering = tokio::spawn(async move {
+                let response = next.run(request).await;
+                let (parts, body) = response.into_parts();
+                let body = axum::body::to_bytes(body, usize::MAX)
+                    .await
+                    .unwrap_or_default();
+                let answer = Answer {
+                    status: parts.status.as_u16(),
+                    body: body.clone(),
+                };
+                state.answered(&route, &key, answer);
+                Response::from_parts(parts, axum::body::Body::from(body))
+            });
+            return match answering.await {
+                Ok(response) => response,
+                Err(error) => {
+                    (StatusCode::INTERNAL_SERVER_ERROR, error.to_string()).into_response()
+                }
             };
-            state.answered(&route, &key, answer);
-            return Response::from_parts(parts, axum::body::Body::from(body));
         }
     }
     next.run(request).await

@@ -25,9 +25,9 @@ struct Greeting {
     lucky: u64,
 }
 
-struct {{Type}};
+struct {{Type}}Action;
 
-impl Action for {{Type}} {
+impl Action for {{Type}}Action {
     fn run(ctx: &mut Context, event: Event) -> Result<(), Error> {
         let input: Input = event.payload()?;
         let visits = ctx.memory::<u64>("visits")?.unwrap_or(0) + 1;
@@ -42,4 +42,4 @@ impl Action for {{Type}} {
     }
 }
 
-rewind_guest::export_action!({{Type}});
+rewind_guest::export_action!({{Type}}Action);
