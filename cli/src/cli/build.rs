@@ -571,7 +571,12 @@ pub fn digest_dirs<'a>(
     for dir in dirs {
         hasher.update([0xff]);
         let mut files = Vec::new();
-        walk(dir, dir, &mut files)?;
+        if dir.is_file() {
+            // A local package as a file (a wheel, a tarball): its bytes.
+            files.push((String::new(), dir.to_owned()));
+        } else {
+            walk(dir, dir, &mut files)?;
+        }
         files.sort();
         for (relative, path) in files {
             let bytes =
@@ -620,18 +625,60 @@ pub fn watched(source: &Source) -> Vec<PathBuf> {
     dirs
 }
 
-/// The local directories a `requirements.txt` names (lines that are paths, as `pip`
-/// reads them from the action's directory).
+/// The local packages a `requirements.txt` names, with paths as `pip` reads them, from the
+/// action's directory: path lines (`./pkg`, `../sdk/python[extra]`, `-e ./pkg`, a wheel's
+/// path), `NAME @ file:...` URLs, and those of the files it includes with `-r` (each named
+/// from beside the file that includes it, read once), those files among them.
 fn python_local_dependencies(dir: &Path, requirements: &Path) -> anyhow::Result<Vec<PathBuf>> {
-    let text = std::fs::read_to_string(requirements)
-        .with_context(|| format!("reading {}", requirements.display()))?;
     let mut local = Vec::new();
-    for line in text.lines() {
-        let line = line.split(" #").next().unwrap_or_default().trim();
-        let path = line.strip_prefix("-e ").unwrap_or(line).trim();
-        if path.starts_with('.') || path.starts_with('/') {
+    let mut read = vec![requirements.to_owned()];
+    let mut pending = vec![requirements.to_owned()];
+    while let Some(file) = pending.pop() {
+        let text = std::fs::read_to_string(&file)
+            .with_context(|| format!("reading {}", file.display()))?;
+        let beside = file.parent().unwrap_or(dir);
+        for line in text.lines() {
+            // Comments, then environment markers, go.
+            let line = match line.find('#') {
+                Some(0) => "",
+                Some(at) if line[..at].ends_with(char::is_whitespace) => &line[..at],
+                _ => line,
+            };
+            let line = line.split(';').next().unwrap_or_default().trim();
+            for flag in ["-r", "--requirement"] {
+                if let Some(included) = line
+                    .strip_prefix(flag)
+                    .filter(|rest| rest.starts_with([' ', '=']))
+                {
+                    let included = beside.join(included.trim_start_matches('=').trim());
+                    if !read.contains(&included) {
+                        read.push(included.clone());
+                        local.push(included.clone());
+                        pending.push(included);
+                    }
+                }
+            }
+            let line = ["-e", "--editable"]
+                .iter()
+                .find_map(|flag| {
+                    line.strip_prefix(flag)
+                        .filter(|rest| rest.starts_with([' ', '=']))
+                })
+                .map_or(line, |rest| rest.trim_start_matches('=').trim());
+            let path = match line.split_once(" @ ") {
+                Some((_, url)) => url
+                    .trim()
+                    .strip_prefix("file://")
+                    .or_else(|| url.trim().strip_prefix("file:")),
+                None if line.starts_with(['.', '/']) => Some(line),
+                None => None,
+            };
+            // Extras (`pkg[extra]`) are not part of the path.
+            let Some(path) = path.map(|path| path.split('[').next().unwrap_or(path)) else {
+                continue;
+            };
             let path = dir.join(path);
-            if path.is_dir() {
+            if path.exists() {
                 local.push(path);
             }
         }
@@ -639,7 +686,8 @@ fn python_local_dependencies(dir: &Path, requirements: &Path) -> anyhow::Result<
     Ok(local)
 }
 
-/// The local directories a `package.json` depends on (`file:` dependencies).
+/// The local packages a `package.json` depends on (`file:` dependencies: directories and
+/// tarballs).
 fn js_local_dependencies(dir: &Path, package: &Path) -> anyhow::Result<Vec<PathBuf>> {
     let text = std::fs::read_to_string(package)
         .with_context(|| format!("reading {}", package.display()))?;
@@ -654,11 +702,73 @@ fn js_local_dependencies(dir: &Path, package: &Path) -> anyhow::Result<Vec<PathB
         {
             if let Some(path) = spec.as_str().and_then(|spec| spec.strip_prefix("file:")) {
                 let path = dir.join(path);
-                if path.is_dir() {
+                if path.exists() {
                     local.push(path);
                 }
             }
         }
     }
     Ok(local)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every way a requirements file names a local package is tracked, and nothing else.
+    #[test]
+    fn a_requirements_files_local_packages_are_found_however_written() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let action = dir.path().join("action");
+        for made in ["sdk", "pkg", "editable", "url", "nested/inner"] {
+            std::fs::create_dir_all(dir.path().join(made)).expect("mkdir");
+        }
+        std::fs::create_dir_all(&action).expect("mkdir");
+        std::fs::write(dir.path().join("wheel.whl"), b"w").expect("write");
+        std::fs::write(
+            dir.path().join("nested/more.txt"),
+            "# paths from the action's directory, as pip reads them\n../nested/inner\n",
+        )
+        .expect("write");
+        std::fs::write(
+            action.join("requirements.txt"),
+            "# a comment\n\
+             ../sdk  # the SDK\n\
+             ../pkg[extra] ; python_version >= \"3.11\"\n\
+             -e ../editable\n\
+             --editable=../editable\n\
+             thing @ file:../url\n\
+             ../wheel.whl\n\
+             -r ../nested/more.txt\n\
+             requests==2.32.0\n\
+             ../missing\n",
+        )
+        .expect("write");
+        let found =
+            python_local_dependencies(&action, &action.join("requirements.txt")).expect("read");
+        let found: Vec<String> = found
+            .iter()
+            .map(|path| {
+                let path = path.canonicalize().expect("exists");
+                let base = dir.path().canonicalize().expect("exists");
+                path.strip_prefix(&base)
+                    .expect("under")
+                    .display()
+                    .to_string()
+            })
+            .collect();
+        assert_eq!(
+            found,
+            [
+                "sdk",
+                "pkg",
+                "editable",
+                "editable",
+                "url",
+                "wheel.whl",
+                "nested/more.txt",
+                "nested/inner"
+            ]
+        );
+    }
 }
