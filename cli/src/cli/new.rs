@@ -228,27 +228,59 @@ fn add_member(dir: &Path, member: &str) -> anyhow::Result<()> {
         std::fs::write(dir.join("Cargo.lock"), sdk::rust_lockfile())?;
     }
     let text = std::fs::read_to_string(&manifest)?;
-    let Some((before, after)) = text.split_once("members = [") else {
-        bail!(
-            "{} has no `members = [...]`: add \"{member}\" to its workspace's members",
-            manifest.display()
-        );
-    };
-    let (list, rest) = after.split_once(']').unwrap_or((after, ""));
-    let mut members: Vec<String> = list
-        .split(',')
-        .map(|item| item.trim().trim_matches('"').to_owned())
-        .filter(|item| !item.is_empty())
-        .collect();
-    members.push(member.to_owned());
-    let list = members
-        .iter()
-        .map(|member| format!("\"{member}\""))
-        .collect::<Vec<_>>()
-        .join(", ");
-    std::fs::write(&manifest, format!("{before}members = [{list}]{rest}"))
-        .with_context(|| format!("writing {}", manifest.display()))?;
+    let added = with_member(&text, member)
+        .filter(|added| {
+            // What cargo will read: the member among the workspace's members.
+            let table: Option<toml::Table> = added.parse().ok();
+            let members = table
+                .as_ref()
+                .and_then(|t| t.get("workspace")?.get("members")?.as_array().cloned());
+            members.is_some_and(|members| members.iter().any(|m| m.as_str() == Some(member)))
+        })
+        .with_context(|| {
+            format!(
+                "{}: cannot add \"{member}\" to its workspace's `members = [...]`: add it by hand",
+                manifest.display()
+            )
+        })?;
+    std::fs::write(&manifest, added).with_context(|| format!("writing {}", manifest.display()))?;
     Ok(())
+}
+
+/// `manifest` with `member` added at the end of the `members = [...]` that starts a line,
+/// the rest (comments, layout) as it was; `None` without one.
+fn with_member(manifest: &str, member: &str) -> Option<String> {
+    let start = manifest
+        .match_indices("members")
+        .map(|(at, _)| at)
+        .find(|&at| {
+            (at == 0 || manifest[..at].ends_with('\n'))
+                && manifest[at + "members".len()..]
+                    .trim_start()
+                    .starts_with('=')
+        })?;
+    let open = start + manifest[start..].find('[')?;
+    let close = open + manifest[open..].find(']')?;
+    let inside = &manifest[open + 1..close];
+    let empty = inside
+        .lines()
+        .map(|line| line.split('#').next().unwrap_or_default().trim())
+        .all(str::is_empty);
+    let trimmed = inside.trim_end();
+    // A list over several lines gets a line of its own (its last item's comma is the
+    // list's: without one, the caller's parse refuses the result); one on a line, an item.
+    let added = if inside.contains('\n') {
+        format!("{trimmed}\n    \"{member}\",\n")
+    } else if empty {
+        format!("\"{member}\"")
+    } else {
+        format!("{}, \"{member}\"", trimmed.trim_end_matches(','))
+    };
+    Some(format!(
+        "{}{added}{}",
+        &manifest[..open + 1],
+        &manifest[close..]
+    ))
 }
 
 fn write_filled(
@@ -293,4 +325,30 @@ fn type_name(name: &str) -> String {
             })
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_member_is_added_to_the_list_that_starts_a_line() {
+        let manifest =
+            "[workspace]\ndefault-members = [\"a\"]\nmembers = [\n  \"a\", # the first\n]\n";
+        assert_eq!(
+            with_member(manifest, "actions/b").as_deref(),
+            Some(
+                "[workspace]\ndefault-members = [\"a\"]\nmembers = [\n  \"a\", # the first\n    \"actions/b\",\n]\n"
+            )
+        );
+        assert_eq!(
+            with_member("[workspace]\nmembers = []\n", "x").as_deref(),
+            Some("[workspace]\nmembers = [\"x\"]\n")
+        );
+        assert_eq!(
+            with_member("[workspace]\nmembers = [\"a\"]\n", "x").as_deref(),
+            Some("[workspace]\nmembers = [\"a\", \"x\"]\n")
+        );
+        assert_eq!(with_member("[workspace]\n", "x"), None);
+    }
 }
