@@ -310,13 +310,9 @@ impl Builder {
     fn build_python(&self, source: &Source) -> anyhow::Result<Built> {
         let tools = self.python_tools()?;
         let requirements = source.dir.join("requirements.txt");
-        let local = if requirements.is_file() {
-            python_local_dependencies(&source.dir, &requirements)?
-        } else {
-            Vec::new()
-        };
+        let local = local_dependencies(source)?;
         let tools_digest = sdk::digest(sdk::PYTHON_TOOLS);
-        let inputs = digest_dirs(
+        let inputs = digest_paths(
             std::iter::once(source.dir.as_path()).chain(local.iter().map(PathBuf::as_path)),
             &tools_digest,
         )?;
@@ -326,7 +322,7 @@ impl Builder {
         let work = work_dir(&source.component);
         let site = work.join("site");
         // What is installed: the requirements and the local packages they name.
-        let installed = digest_dirs(local.iter().map(PathBuf::as_path), &{
+        let installed = digest_paths(local.iter().map(PathBuf::as_path), &{
             let text = std::fs::read(&requirements).unwrap_or_default();
             format!("{tools_digest}{}", hex::encode(sha2::Sha256::digest(&text)))
         })?;
@@ -366,13 +362,9 @@ impl Builder {
     fn build_js(&self, source: &Source) -> anyhow::Result<Built> {
         let tools = self.js_tools()?;
         let package = source.dir.join("package.json");
-        let local = if package.is_file() {
-            js_local_dependencies(&source.dir, &package)?
-        } else {
-            Vec::new()
-        };
+        let local = local_dependencies(source)?;
         if package.is_file() {
-            let installed = digest_dirs(local.iter().map(PathBuf::as_path), &{
+            let installed = digest_paths(local.iter().map(PathBuf::as_path), &{
                 let text = std::fs::read(&package)?;
                 hex::encode(sha2::Sha256::digest(&text))
             })?;
@@ -387,7 +379,7 @@ impl Builder {
             }
         }
         // After `npm install`, which writes the action's package-lock.json.
-        let inputs = digest_dirs(
+        let inputs = digest_paths(
             std::iter::once(source.dir.as_path()).chain(local.iter().map(PathBuf::as_path)),
             &sdk::digest(sdk::JS_TOOLS),
         )?;
@@ -560,22 +552,22 @@ fn skipped(name: &OsStr, top: bool) -> bool {
         || top && (name == "build" || name == "target")
 }
 
-/// A digest of every file under `dirs` (paths relative to each, and contents), and of
-/// `salt`.
-pub fn digest_dirs<'a>(
-    dirs: impl IntoIterator<Item = &'a Path>,
+/// A digest of `paths`, in order: a directory's every file (paths relative to it, and
+/// contents), a file's contents; and of `salt`.
+pub fn digest_paths<'a>(
+    paths: impl IntoIterator<Item = &'a Path>,
     salt: &str,
 ) -> anyhow::Result<String> {
     let mut hasher = sha2::Sha256::new();
     hasher.update(salt.as_bytes());
-    for dir in dirs {
+    for path in paths {
         hasher.update([0xff]);
         let mut files = Vec::new();
-        if dir.is_file() {
-            // A local package as a file (a wheel, a tarball): its bytes.
-            files.push((String::new(), dir.to_owned()));
+        if path.is_file() {
+            // A file (a wheel, a tarball, agent.toml): its bytes.
+            files.push((String::new(), path.to_owned()));
         } else {
-            walk(dir, dir, &mut files)?;
+            walk(path, path, &mut files)?;
         }
         files.sort();
         for (relative, path) in files {
@@ -607,22 +599,19 @@ fn walk(root: &Path, dir: &Path, files: &mut Vec<(String, PathBuf)>) -> anyhow::
     Ok(())
 }
 
-/// What goes into `source`'s component that `rewind dev` watches: its directory, and the
-/// local packages its `requirements.txt` or `package.json` names.
-pub fn watched(source: &Source) -> Vec<PathBuf> {
-    let mut dirs = vec![source.dir.clone()];
+/// The local packages `source`'s component is built from beside its directory: those its
+/// `requirements.txt` (Python) or `package.json` (JavaScript) names. (Cargo tracks a Rust
+/// action's own.)
+pub fn local_dependencies(source: &Source) -> anyhow::Result<Vec<PathBuf>> {
     let requirements = source.dir.join("requirements.txt");
     let package = source.dir.join("package.json");
     match source.lang {
         Lang::Python if requirements.is_file() => {
-            dirs.extend(python_local_dependencies(&source.dir, &requirements).unwrap_or_default());
+            python_local_dependencies(&source.dir, &requirements)
         }
-        Lang::Js if package.is_file() => {
-            dirs.extend(js_local_dependencies(&source.dir, &package).unwrap_or_default());
-        }
-        _ => {}
+        Lang::Js if package.is_file() => js_local_dependencies(&source.dir, &package),
+        _ => Ok(Vec::new()),
     }
-    dirs
 }
 
 /// The local packages a `requirements.txt` names, with paths as `pip` reads them, from the

@@ -18,7 +18,7 @@ use anyhow::Context as _;
 use rewind_host::agent::AgentFile;
 use rewind_host::kit::{Misses, Script, Simulator, read_scripts, rewrite};
 
-use super::build::{Builder, digest_dirs, sources, watched};
+use super::build::{Builder, digest_paths, local_dependencies, sources};
 
 #[derive(Debug, clap::Args)]
 pub struct DevArgs {
@@ -104,24 +104,14 @@ pub async fn dev(args: DevArgs, cache_dir: Option<PathBuf>) -> anyhow::Result<Ex
 /// What a change is looked for in: agent.toml, the inputs, and each action's sources with
 /// their local dependencies.
 fn fingerprint(args: &DevArgs) -> anyhow::Result<String> {
-    let agent = AgentFile::load(&args.agent);
-    let mut dirs = Vec::new();
-    if let Ok(agent) = &agent {
-        for source in sources(agent).unwrap_or_default() {
-            dirs.extend(watched(&source));
+    let mut paths = vec![args.agent.clone(), args.input.clone()];
+    if let Ok(agent) = AgentFile::load(&args.agent) {
+        for source in sources(&agent).unwrap_or_default() {
+            paths.extend(local_dependencies(&source).unwrap_or_default());
+            paths.push(source.dir);
         }
     }
-    let files = [&args.agent, &args.input]
-        .iter()
-        .map(|path| std::fs::read(path).unwrap_or_default())
-        .collect::<Vec<_>>()
-        .concat();
-    digest_dirs(
-        dirs.iter().map(PathBuf::as_path),
-        &hex::encode(sha2::Digest::finalize(
-            <sha2::Sha256 as sha2::Digest>::new_with_prefix(&files),
-        )),
-    )
+    digest_paths(paths.iter().map(PathBuf::as_path), "")
 }
 
 /// One round: build, run into a fresh state against the simulator, keep new answers.

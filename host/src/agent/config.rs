@@ -431,51 +431,27 @@ impl FunctionConfig {
             ("max-response-bytes", self.max_response_bytes.is_some()),
             ("tools", self.tools.is_some()),
         ];
-        let (required, allowed): (&[&str], &[&str]) = match self.kind {
-            FunctionKind::Http => (
-                &["url"],
-                &[
-                    "url",
-                    "timeout-ms",
-                    "retry",
-                    "retries",
-                    "headers",
-                    "secret-headers",
-                    "reconcile-url",
-                    "max-response-bytes",
-                ],
-            ),
+        // What every kind that reaches a remote over HTTP takes, beside its own keys.
+        const REMOTE: &[&str] = &[
+            "timeout-ms",
+            "retry",
+            "retries",
+            "headers",
+            "secret-headers",
+            "max-response-bytes",
+        ];
+        let (required, own, remote): (&[&str], &[&str], &[&str]) = match self.kind {
+            FunctionKind::Http => (&["url"], &["url", "reconcile-url"], REMOTE),
             FunctionKind::OpenaiChat => (
                 &["base-url", "model"],
-                &[
-                    "base-url",
-                    "model",
-                    "api-key-env",
-                    "timeout-ms",
-                    "retry",
-                    "retries",
-                    "headers",
-                    "secret-headers",
-                    "max-response-bytes",
-                ],
+                &["base-url", "model", "api-key-env"],
+                REMOTE,
             ),
-            FunctionKind::Mcp => (
-                &["url"],
-                &[
-                    "url",
-                    "timeout-ms",
-                    "retry",
-                    "retries",
-                    "headers",
-                    "secret-headers",
-                    "max-response-bytes",
-                    "tools",
-                ],
-            ),
-            FunctionKind::Time | FunctionKind::Random | FunctionKind::Custom => (&[], &[]),
+            FunctionKind::Mcp => (&["url"], &["url", "tools"], REMOTE),
+            FunctionKind::Time | FunctionKind::Random | FunctionKind::Custom => (&[], &[], &[]),
         };
         for (key, present) in given {
-            if present && !allowed.contains(&key) {
+            if present && !own.contains(&key) && !remote.contains(&key) {
                 return Err(format!(
                     "`{key}` does not apply to kind `{}`",
                     self.kind_name()
